@@ -1,0 +1,371 @@
+//! Compile a `no_std` Rust kernel crate to PTX with the upstream `nvptx64-nvidia-cuda` target.
+//!
+//! Rust-CUDA's `cuda_builder` needs a 2021 nightly and LLVM 7, neither of which exists here, so toga
+//! builds kernels with rustc's own nvptx backend. That target has no prebuilt `core` and no linker
+//! we can install, so this crate does both jobs:
+//!
+//! 1. it runs `cargo rustc --crate-type cdylib --target nvptx64-nvidia-cuda -Zbuild-std=core,alloc`
+//!    on the kernel crate, with fat LTO and `panic=abort`, in a target directory of its own (so the
+//!    inner cargo never waits on the lock of the outer build that runs the build script);
+//! 2. rustc hands the linker one fat-LTO bitcode object; the "linker" is the build script itself,
+//!    re-invoked in *linker mode*, which runs `llvm-link`, `opt` (internalize + O3) and `llc`
+//!    from the `llvm-tools` rustup component and writes the PTX.
+//!
+//! # Use from a `build.rs`
+//! ```no_run
+//! fn main() {
+//!     // Construct the builder before doing anything else: in linker mode `new` does the link
+//!     // and exits the process.
+//!     let ptx = toga_builder::Builder::new("kernels")
+//!         .arch("sm_70")
+//!         .build()
+//!         .unwrap_or_else(|e| e.exit());
+//!     println!("cargo::rustc-env=MY_KERNELS_PTX={}", ptx.display());
+//! }
+//! ```
+//! The kernel crate needs `#![no_std]`, `#![feature(abi_ptx, asm_experimental_arch)]` on nvptx, and a
+//! `#[panic_handler]`; its `extern "ptx-kernel"` functions become the PTX entry points.
+//!
+//! # Environment
+//! - `TOGA_PTX_ARCH` overrides the target architecture (default `sm_70`, which the driver JIT-compiles
+//!   for any newer GPU; `sm_90` targets Hopper directly).
+//! - `TOGA_PTX_TARGET_DIR` overrides the inner build's target directory.
+
+use std::env;
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The rustc target this builder compiles for.
+pub const TARGET: &str = "nvptx64-nvidia-cuda";
+/// The architecture used when neither the API nor `TOGA_PTX_ARCH` names one.
+pub const DEFAULT_ARCH: &str = "sm_70";
+/// PTX ISA version written into the module: 7.8 (CUDA 11.8) has every instruction toga uses
+/// (`nanosleep` needs 6.3, `atom.<sem>.<scope>` 6.0) and every driver from 520 on accepts it.
+pub const DEFAULT_PTX_VERSION: u32 = 78;
+
+/// Set in the inner cargo's environment; when present, the build script acts as the linker.
+const LINKER_MODE_ENV: &str = "TOGA_PTX_LINKER_MODE";
+
+/// Why a PTX build failed.
+#[derive(Debug)]
+pub enum BuildError {
+    /// A tool could not be started at all (cargo, rustc, or an LLVM tool).
+    Spawn { tool: String, error: std::io::Error },
+    /// A tool ran and failed; its own diagnostics went to stderr already.
+    Failed { tool: String, status: std::process::ExitStatus },
+    /// `llvm-tools` is not installed for this toolchain.
+    MissingLlvmTools(PathBuf),
+    /// The build finished but left no PTX file where expected.
+    NoOutput(PathBuf),
+    /// Reading or writing a file failed.
+    Io { path: PathBuf, error: std::io::Error },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Spawn { tool, error } => write!(f, "could not run {tool}: {error}"),
+            Self::Failed { tool, status } => {
+                write!(f, "{tool} failed ({status}); its messages are above")
+            }
+            Self::MissingLlvmTools(dir) => write!(
+                f,
+                "llvm-link/opt/llc not found in {}; run `rustup component add --toolchain nightly llvm-tools rust-src`",
+                dir.display()
+            ),
+            Self::NoOutput(p) => write!(f, "the kernel build produced no PTX at {}", p.display()),
+            Self::Io { path, error } => write!(f, "{}: {error}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+impl BuildError {
+    /// Report the error the way cargo shows build-script errors and exit with status 1.
+    pub fn exit(self) -> ! {
+        println!("cargo::error=toga-builder: {self}");
+        eprintln!("toga-builder: {self}");
+        std::process::exit(1)
+    }
+}
+
+/// Builds one kernel crate to one PTX file.
+#[derive(Clone, Debug)]
+pub struct Builder {
+    crate_dir: PathBuf,
+    arch: Option<String>,
+    ptx_version: u32,
+    build_std: String,
+    features: Vec<String>,
+    copy_to: Option<PathBuf>,
+}
+
+impl Builder {
+    /// A builder for the kernel crate at `crate_dir` (relative paths are taken from the calling
+    /// package's manifest directory).
+    ///
+    /// If this process was started by rustc as the PTX linker, this performs the link and exits.
+    pub fn new(crate_dir: impl AsRef<Path>) -> Self {
+        if env::var_os(LINKER_MODE_ENV).is_some() {
+            let code = match link::run(env::args_os().skip(1).collect()) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("toga-builder linker: {e}");
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+        let mut dir = crate_dir.as_ref().to_path_buf();
+        if dir.is_relative()
+            && let Some(manifest) = env::var_os("CARGO_MANIFEST_DIR")
+        {
+            dir = PathBuf::from(manifest).join(dir);
+        }
+        Self {
+            crate_dir: dir,
+            arch: None,
+            ptx_version: DEFAULT_PTX_VERSION,
+            build_std: "core,alloc".into(),
+            features: Vec::new(),
+            copy_to: None,
+        }
+    }
+
+    /// Target architecture, such as `sm_70` or `sm_90`. `TOGA_PTX_ARCH` still wins when set.
+    pub fn arch(mut self, arch: &str) -> Self {
+        self.arch = Some(arch.to_owned());
+        self
+    }
+
+    /// PTX ISA version times ten (78 means 7.8).
+    pub fn ptx_version(mut self, version: u32) -> Self {
+        self.ptx_version = version;
+        self
+    }
+
+    /// Cargo features of the kernel crate to enable.
+    pub fn feature(mut self, feature: &str) -> Self {
+        self.features.push(feature.to_owned());
+        self
+    }
+
+    /// Also copy the PTX into `dir`, where a person can read it.
+    pub fn copy_to(mut self, dir: impl AsRef<Path>) -> Self {
+        self.copy_to = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// The architecture this build will use.
+    pub fn resolved_arch(&self) -> String {
+        env::var("TOGA_PTX_ARCH")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| self.arch.clone())
+            .unwrap_or_else(|| DEFAULT_ARCH.to_owned())
+    }
+
+    /// Compile the crate and return the path of the PTX file (inside `OUT_DIR` when run from a
+    /// build script, else inside the inner target directory).
+    pub fn build(self) -> Result<PathBuf, BuildError> {
+        let arch = self.resolved_arch();
+        let manifest = self.crate_dir.join("Cargo.toml");
+        let in_build_script = env::var_os("OUT_DIR").is_some();
+        if in_build_script {
+            println!("cargo::rerun-if-changed={}", self.crate_dir.join("src").display());
+            println!("cargo::rerun-if-changed={}", manifest.display());
+            println!("cargo::rerun-if-env-changed=TOGA_PTX_ARCH");
+            println!("cargo::rerun-if-env-changed=TOGA_PTX_TARGET_DIR");
+        }
+        let target_dir = self.target_dir();
+        let llvm_bin = llvm_tools_dir()?;
+        let me = env::current_exe().map_err(|error| BuildError::Io {
+            path: "current_exe".into(),
+            error,
+        })?;
+        let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+
+        let mut cmd = Command::new(&cargo);
+        // Only what we set reaches the inner build: the outer build's flags, wrappers and
+        // jobserver belong to a different target.
+        for var in [
+            "RUSTFLAGS",
+            "CARGO_ENCODED_RUSTFLAGS",
+            "RUSTC_WRAPPER",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_TARGET",
+            "CARGO_MAKEFLAGS",
+            "MAKEFLAGS",
+            "MFLAGS",
+            "RUSTC",
+            "CARGO_PRIMARY_PACKAGE",
+        ] {
+            cmd.env_remove(var);
+        }
+        let rustflags = [
+            format!("-Ctarget-cpu={arch}"),
+            format!("-Ctarget-feature=+ptx{}", self.ptx_version),
+            "-Cdebuginfo=0".to_owned(),
+        ]
+        .join("\x1f");
+        cmd.env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+            .env("CARGO_PROFILE_RELEASE_LTO", "fat")
+            .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+            .env("CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS", "false")
+            .env("CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS", "false")
+            .env("CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER", &me)
+            .env(LINKER_MODE_ENV, "1")
+            .env("TOGA_PTX_LLVM_BIN", &llvm_bin)
+            .env("TOGA_PTX_VERSION", self.ptx_version.to_string())
+            .arg("rustc")
+            .arg("--release")
+            .arg("--lib")
+            .arg("--crate-type")
+            .arg("cdylib")
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target")
+            .arg(TARGET)
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .arg(format!("-Zbuild-std={}", self.build_std));
+        if !self.features.is_empty() {
+            cmd.arg("--features").arg(self.features.join(","));
+        }
+        let status = cmd.status().map_err(|error| BuildError::Spawn {
+            tool: "cargo".into(),
+            error,
+        })?;
+        if !status.success() {
+            return Err(BuildError::Failed {
+                tool: format!("cargo rustc --target {TARGET} ({})", manifest.display()),
+                status,
+            });
+        }
+
+        let lib_name = crate_lib_name(&manifest)?;
+        let built = target_dir
+            .join(TARGET)
+            .join("release")
+            .join(format!("{lib_name}.ptx"));
+        if !built.exists() {
+            return Err(BuildError::NoOutput(built));
+        }
+        let out_dir = env::var_os("OUT_DIR").map(PathBuf::from);
+        let mut result = built.clone();
+        if let Some(dir) = out_dir {
+            result = dir.join(format!("{lib_name}.ptx"));
+            copy(&built, &result)?;
+        }
+        if let Some(dir) = &self.copy_to {
+            std::fs::create_dir_all(dir).map_err(|error| BuildError::Io {
+                path: dir.clone(),
+                error,
+            })?;
+            copy(&built, &dir.join(format!("{lib_name}.ptx")))?;
+        }
+        Ok(result)
+    }
+
+    fn target_dir(&self) -> PathBuf {
+        if let Some(dir) = env::var_os("TOGA_PTX_TARGET_DIR") {
+            return dir.into();
+        }
+        // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out: share one inner target directory
+        // per outer target directory so `core` is built once.
+        match env::var_os("OUT_DIR") {
+            Some(out) => {
+                let out = PathBuf::from(out);
+                out.ancestors()
+                    .nth(4)
+                    .map(|t| t.join("ptx-build"))
+                    .unwrap_or_else(|| out.join("ptx-build"))
+            }
+            None => self.crate_dir.join("target").join("ptx-build"),
+        }
+    }
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), BuildError> {
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|error| BuildError::Io {
+            path: to.to_path_buf(),
+            error,
+        })
+}
+
+/// The library name cargo gives the crate: `[lib] name`, else the package name with `-` → `_`.
+fn crate_lib_name(manifest: &Path) -> Result<String, BuildError> {
+    let text = std::fs::read_to_string(manifest).map_err(|error| BuildError::Io {
+        path: manifest.to_path_buf(),
+        error,
+    })?;
+    let mut section = String::new();
+    let mut package_name = None;
+    let mut lib_name = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line.to_owned();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = value.trim().trim_matches('"').to_owned();
+        match (section.as_str(), key.trim()) {
+            ("[package]", "name") => package_name = Some(value),
+            ("[lib]", "name") => lib_name = Some(value),
+            _ => {}
+        }
+    }
+    lib_name
+        .or(package_name.map(|n| n.replace('-', "_")))
+        .ok_or_else(|| BuildError::Io {
+            path: manifest.to_path_buf(),
+            error: std::io::Error::other("no [package] name"),
+        })
+}
+
+/// `$(rustc --print sysroot)/lib/rustlib/<host>/bin`, where `llvm-tools` installs its binaries.
+pub fn llvm_tools_dir() -> Result<PathBuf, BuildError> {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|error| BuildError::Spawn {
+            tool: "rustc".into(),
+            error,
+        })?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let host = rustc_host(&rustc)?;
+    let dir = sysroot.join("lib").join("rustlib").join(host).join("bin");
+    if !dir.join("llc").exists() {
+        return Err(BuildError::MissingLlvmTools(dir));
+    }
+    Ok(dir)
+}
+
+fn rustc_host(rustc: &OsString) -> Result<String, BuildError> {
+    let out = Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .map_err(|error| BuildError::Spawn {
+            tool: "rustc".into(),
+            error,
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .unwrap_or_else(|| "x86_64-unknown-linux-gnu".into()))
+}
+
+pub mod link;

@@ -1,0 +1,313 @@
+//! nvptx backend: inline PTX with explicit semantics and `.gpu` scope.
+//!
+//! Addresses are generic (no `.global` qualifier), so the same operations work on global memory
+//! (the heap) and on kernel-module statics. Requires sm_70 and PTX ISA 6.3 or newer.
+
+use core::arch::asm;
+use core::cell::UnsafeCell;
+
+/// Lanes in a warp.
+pub const WARP_SIZE: u32 = 32;
+
+macro_rules! rmw {
+    ($name:ident, $t:ty, $reg:ident, $sem:literal, $op:literal, $bits:literal) => {
+        #[inline(always)]
+        pub fn $name(&self, v: $t) -> $t {
+            let old: $t;
+            // SAFETY: `self.0` is a valid, aligned location that only atomics touch.
+            unsafe {
+                asm!(concat!("atom.", $sem, ".gpu.", $op, $bits, " {0}, [{1}], {2};"),
+                    out($reg) old, in(reg64) self.0.get(), in($reg) v,
+                    options(nostack));
+            }
+            old
+        }
+    };
+}
+
+macro_rules! atomic_type {
+    ($name:ident, $t:ty, $reg:ident, $bits:literal) => {
+        /// A word in GPU memory that is only ever accessed atomically.
+        #[repr(transparent)]
+        pub struct $name(UnsafeCell<$t>);
+
+        // SAFETY: every access is an atomic PTX instruction.
+        unsafe impl Sync for $name {}
+
+        impl $name {
+            pub const fn new(v: $t) -> Self {
+                Self(UnsafeCell::new(v))
+            }
+
+            #[inline(always)]
+            pub fn load_relaxed(&self) -> $t {
+                let v: $t;
+                // SAFETY: valid aligned location, atomic access.
+                unsafe {
+                    asm!(concat!("ld.relaxed.gpu.u", $bits, " {0}, [{1}];"),
+                        out($reg) v, in(reg64) self.0.get(), options(nostack));
+                }
+                v
+            }
+
+            #[inline(always)]
+            pub fn load_acquire(&self) -> $t {
+                let v: $t;
+                // SAFETY: valid aligned location, atomic access.
+                unsafe {
+                    asm!(concat!("ld.acquire.gpu.u", $bits, " {0}, [{1}];"),
+                        out($reg) v, in(reg64) self.0.get(), options(nostack));
+                }
+                v
+            }
+
+            #[inline(always)]
+            pub fn store_relaxed(&self, v: $t) {
+                // SAFETY: valid aligned location, atomic access.
+                unsafe {
+                    asm!(concat!("st.relaxed.gpu.u", $bits, " [{0}], {1};"),
+                        in(reg64) self.0.get(), in($reg) v, options(nostack));
+                }
+            }
+
+            #[inline(always)]
+            pub fn store_release(&self, v: $t) {
+                // SAFETY: valid aligned location, atomic access.
+                unsafe {
+                    asm!(concat!("st.release.gpu.u", $bits, " [{0}], {1};"),
+                        in(reg64) self.0.get(), in($reg) v, options(nostack));
+                }
+            }
+
+            rmw!(fetch_add_relaxed, $t, $reg, "relaxed", "add.u", $bits);
+            rmw!(fetch_add_acquire, $t, $reg, "acquire", "add.u", $bits);
+            rmw!(fetch_add_release, $t, $reg, "release", "add.u", $bits);
+            rmw!(fetch_add_acq_rel, $t, $reg, "acq_rel", "add.u", $bits);
+            rmw!(fetch_or_relaxed, $t, $reg, "relaxed", "or.b", $bits);
+            rmw!(fetch_or_acq_rel, $t, $reg, "acq_rel", "or.b", $bits);
+            rmw!(fetch_and_relaxed, $t, $reg, "relaxed", "and.b", $bits);
+            rmw!(fetch_and_acq_rel, $t, $reg, "acq_rel", "and.b", $bits);
+            rmw!(swap_acq_rel, $t, $reg, "acq_rel", "exch.b", $bits);
+            rmw!(fetch_min_relaxed, $t, $reg, "relaxed", "min.u", $bits);
+            rmw!(fetch_max_relaxed, $t, $reg, "relaxed", "max.u", $bits);
+
+            /// `fetch_add_relaxed(v.wrapping_neg())`.
+            #[inline(always)]
+            pub fn fetch_sub_relaxed(&self, v: $t) -> $t {
+                self.fetch_add_relaxed(v.wrapping_neg())
+            }
+
+            /// `fetch_add_acq_rel(v.wrapping_neg())`.
+            #[inline(always)]
+            pub fn fetch_sub_acq_rel(&self, v: $t) -> $t {
+                self.fetch_add_acq_rel(v.wrapping_neg())
+            }
+
+            /// Compare-and-swap: `Ok(old)` if the word was `current` and is now `new`,
+            /// `Err(actual)` otherwise.
+            #[inline(always)]
+            pub fn compare_exchange_acq_rel(&self, current: $t, new: $t) -> Result<$t, $t> {
+                let old: $t;
+                // SAFETY: valid aligned location, atomic access.
+                unsafe {
+                    asm!(concat!("atom.acq_rel.gpu.cas.b", $bits, " {0}, [{1}], {2}, {3};"),
+                        out($reg) old, in(reg64) self.0.get(), in($reg) current, in($reg) new,
+                        options(nostack));
+                }
+                if old == current { Ok(old) } else { Err(old) }
+            }
+
+            /// Compare-and-swap with relaxed semantics (for counters that order nothing).
+            #[inline(always)]
+            pub fn compare_exchange_relaxed(&self, current: $t, new: $t) -> Result<$t, $t> {
+                let old: $t;
+                // SAFETY: valid aligned location, atomic access.
+                unsafe {
+                    asm!(concat!("atom.relaxed.gpu.cas.b", $bits, " {0}, [{1}], {2}, {3};"),
+                        out($reg) old, in(reg64) self.0.get(), in($reg) current, in($reg) new,
+                        options(nostack));
+                }
+                if old == current { Ok(old) } else { Err(old) }
+            }
+
+            /// The word's address.
+            #[inline(always)]
+            pub fn as_ptr(&self) -> *mut $t {
+                self.0.get()
+            }
+        }
+    };
+}
+
+atomic_type!(Atomic32, u32, reg32, "32");
+atomic_type!(Atomic64, u64, reg64, "64");
+
+/// `fence.acq_rel.gpu`: orders this thread's earlier accesses before its later ones, GPU-wide.
+#[inline(always)]
+pub fn fence_acq_rel() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) }
+}
+
+/// `fence.sc.gpu`: a sequentially consistent fence at GPU scope.
+#[inline(always)]
+pub fn fence_sc() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.sc.gpu;", options(nostack)) }
+}
+
+/// This thread's lane within its warp, `0..32`.
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    let v: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {0}, %laneid;", out(reg32) v, options(nomem, nostack, pure)) }
+    v
+}
+
+/// Lanes of this warp currently executing this instruction together.
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    let v: u32;
+    // SAFETY: `activemask` has no preconditions.
+    unsafe { asm!("activemask.b32 {0};", out(reg32) v, options(nomem, nostack)) }
+    v
+}
+
+/// Lanes below this one (`%lanemask_lt`).
+#[inline(always)]
+pub fn lanemask_lt() -> u32 {
+    let v: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {0}, %lanemask_lt;", out(reg32) v, options(nomem, nostack, pure)) }
+    v
+}
+
+/// `vote.sync.ballot`: bit `i` set iff lane `i` of `mask` passed `pred == true`.
+/// Convergence: every lane of `mask` must call it (module rule).
+#[inline(always)]
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    let v: u32;
+    // SAFETY: the caller is in `mask` (module rule).
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {1}, 0; vote.sync.ballot.b32 {0}, p, {2}; }}",
+            out(reg32) v, in(reg32) pred as u32, in(reg32) mask, options(nomem, nostack));
+    }
+    v
+}
+
+/// `match.any.sync.b64`: the lanes of `mask` whose `value` equals this lane's.
+/// Convergence: every lane of `mask` must call it (module rule).
+#[inline(always)]
+pub fn match_any(mask: u32, value: u64) -> u32 {
+    let v: u32;
+    // SAFETY: the caller is in `mask` (module rule).
+    unsafe {
+        asm!("match.any.sync.b64 {0}, {1}, {2};",
+            out(reg32) v, in(reg64) value, in(reg32) mask, options(nomem, nostack));
+    }
+    v
+}
+
+/// `shfl.sync.idx.b32`: `value` as held by lane `src`. `src` must be in `mask`.
+/// Convergence: every lane of `mask` must call it (module rule).
+#[inline(always)]
+pub fn shfl_idx_u32(mask: u32, value: u32, src: u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller is in `mask` (module rule).
+    unsafe {
+        asm!("shfl.sync.idx.b32 {0}, {1}, {2}, 0x1f, {3};",
+            out(reg32) v, in(reg32) value, in(reg32) src, in(reg32) mask,
+            options(nomem, nostack));
+    }
+    v
+}
+
+/// [`shfl_idx_u32`] for 64-bit values (two shuffles).
+#[inline(always)]
+pub fn shfl_idx_u64(mask: u32, value: u64, src: u32) -> u64 {
+    let lo = shfl_idx_u32(mask, value as u32, src);
+    let hi = shfl_idx_u32(mask, (value >> 32) as u32, src);
+    (hi as u64) << 32 | lo as u64
+}
+
+/// `shfl.sync.down.b32`: `value` of lane `lane + delta`, or this lane's own value when that lane
+/// is past 31. Convergence: every lane of `mask` must call it (module rule), and the source lane
+/// must be in `mask` for the result to be defined.
+#[inline(always)]
+pub fn shfl_down_u32(mask: u32, value: u32, delta: u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller is in `mask` (module rule).
+    unsafe {
+        asm!("shfl.sync.down.b32 {0}, {1}, {2}, 0x1f, {3};",
+            out(reg32) v, in(reg32) value, in(reg32) delta, in(reg32) mask,
+            options(nomem, nostack));
+    }
+    v
+}
+
+/// `bar.warp.sync`: lanes of `mask` wait for each other; also orders their memory accesses
+/// among themselves.
+#[inline(always)]
+pub fn sync_warp(mask: u32) {
+    // SAFETY: the caller is in `mask` (module rule).
+    unsafe { asm!("bar.warp.sync {0};", in(reg32) mask, options(nostack)) }
+}
+
+/// The SM this thread runs on, `0..sm_count()`. A thread may move between SMs only at
+/// preemption, so this is a placement hint, never an ownership proof.
+#[inline(always)]
+pub fn sm_id() -> u32 {
+    let v: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {0}, %smid;", out(reg32) v, options(nomem, nostack)) }
+    v
+}
+
+/// Upper bound of `%smid` (`%nsmid`; it may exceed the number of SMs, ids need not be contiguous).
+#[inline(always)]
+pub fn sm_count() -> u32 {
+    let v: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {0}, %nsmid;", out(reg32) v, options(nomem, nostack, pure)) }
+    v
+}
+
+/// Suspend this thread for about `ns` nanoseconds (at most 1 ms).
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: `nanosleep` has no memory effects.
+    unsafe { asm!("nanosleep.u32 {0};", in(reg32) ns, options(nomem, nostack)) }
+}
+
+/// `%globaltimer`: nanoseconds, GPU-wide.
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let v: u64;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u64 {0}, %globaltimer;", out(reg64) v, options(nomem, nostack)) }
+    v
+}
+
+/// Index of this thread in a 1-D grid.
+#[inline(always)]
+pub fn global_thread_id() -> u64 {
+    use core::arch::nvptx::*;
+    // SAFETY: special-register reads.
+    unsafe { _block_idx_x() as u64 * _block_dim_x() as u64 + _thread_idx_x() as u64 }
+}
+
+/// Threads in a 1-D grid.
+#[inline(always)]
+pub fn grid_threads() -> u64 {
+    use core::arch::nvptx::*;
+    // SAFETY: special-register reads.
+    unsafe { _grid_dim_x() as u64 * _block_dim_x() as u64 }
+}
+
+/// Abort the kernel (the launch reports an error to the host).
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: `trap` ends the thread.
+    unsafe { core::arch::nvptx::trap() }
+}

@@ -1,0 +1,1 @@
+pub const KERNELS_PTX: &str = include_str!(env!("TOGA_KERNELS_PTX"));
