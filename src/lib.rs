@@ -1,1 +1,29 @@
+//! # toga: host side
+//!
+//! Loads toga's device allocator (compiled from `kernels/` to PTX by `build.rs` and embedded
+//! here), creates heaps in device memory and launches kernels, through `cudarc` with dynamic
+//! loading: nothing CUDA is needed to build this crate, and a machine without a driver gets
+//! [`Error::NoDriver`] at run time.
+
+pub mod error;
+pub mod gpu;
+
+pub use error::{Error, Result};
+pub use gpu::{DeviceInfo, Gpu, GpuOptions, device_count};
+
+/// The PTX of `kernels/`, for `sm_70` unless `TOGA_PTX_ARCH` said otherwise at build time.
+/// A readable copy is written to `target/ptx/toga_kernels.ptx`.
 pub const KERNELS_PTX: &str = include_str!(env!("TOGA_KERNELS_PTX"));
+
+/// Threads per block for toga's own launches.
+pub const BLOCK_SIZE: u32 = 256;
+
+/// A 1-D launch configuration covering `threads` threads.
+pub fn launch_config(threads: u64) -> cudarc::driver::LaunchConfig {
+    let blocks = threads.div_ceil(BLOCK_SIZE as u64).max(1) as u32;
+    cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK_SIZE, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

@@ -20,6 +20,13 @@ extern crate std;
 
 pub mod platform;
 
+pub mod bulk_semaphore;
+pub mod collective;
+pub mod rcu;
+pub mod size_class;
+pub mod tbuddy;
+pub mod ualloc;
+
 #[cfg(target_arch = "nvptx64")]
 mod entry;
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs inside a bundle made by scripts/bundle, on a machine with an NVIDIA GPU and driver.
+#   ./run.sh tests      every GPU test binary (single-threaded, so tests do not share the GPU)
+#   ./run.sh sanitize   the same under compute-sanitizer memcheck and racecheck
+#   ./run.sh host [ARGS] the stress harness
+#   ./run.sh bench [ARGS] every criterion bench binary
+#   ./run.sh all        host, tests, sanitize
+# Logs go to $LOGS (default: ./logs).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+logs=${LOGS:-$here/logs}
+mkdir -p "$logs"
+status=0
+
+run_tests() { # $1: prefix command (may be empty), $2: log suffix
+  for t in "$here"/tests/*; do
+    name=$(basename "$t")
+    echo "== $name $2"
+    if ! $1 "$t" --test-threads=1 --nocapture 2>&1 | tee "$logs/$name$2.log"; then status=1; fi
+  done
+}
+
+case "${1:-all}" in
+  tests) run_tests "" "" ;;
+  sanitize)
+    run_tests "compute-sanitizer --tool memcheck --error-exitcode 9" ".memcheck"
+    run_tests "compute-sanitizer --tool racecheck --error-exitcode 9" ".racecheck" ;;
+  host) shift; "$here/host" "$@" 2>&1 | tee "$logs/host.log"; status=${PIPESTATUS[0]} ;;
+  bench) shift
+    for b in "$here"/benches/*; do
+      "$b" --bench "$@" 2>&1 | tee "$logs/$(basename "$b").log" || status=1
+    done ;;
+  all) "$0" host; status=$?; "$0" tests || status=1; "$0" sanitize || status=1 ;;
+  *) echo "usage: $0 [tests|sanitize|host|bench|all]"; exit 2 ;;
+esac
+exit $status

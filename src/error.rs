@@ -1,0 +1,36 @@
+//! Typed errors of the host side.
+
+use cudarc::driver::DriverError;
+
+/// Everything that can go wrong on the host side of toga.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `libcuda.so` could not be loaded: no NVIDIA driver on this machine.
+    #[error("no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)")]
+    NoDriver,
+    /// The driver loaded but reports no device (or failed to initialize).
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    /// The requested device ordinal does not exist.
+    #[error("device {ordinal} does not exist: this machine has {count} CUDA device(s)")]
+    DeviceOutOfRange { ordinal: usize, count: usize },
+    /// A heap size of zero bytes.
+    #[error("heap size must be greater than zero")]
+    HeapSizeZero,
+    /// A heap smaller than the smallest the allocator can manage.
+    #[error("heap size {requested} B is below the minimum of {minimum} B (one 512 KiB chunk)")]
+    HeapTooSmall { requested: u64, minimum: u64 },
+    /// A heap larger than the allocator supports or than the device has free.
+    #[error("heap size {requested} B is above the limit of {limit} B ({why})")]
+    HeapTooLarge {
+        requested: u64,
+        limit: u64,
+        why: &'static str,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] DriverError),
+}
+
+/// `Result` with toga's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,129 @@
+//! One GPU: a CUDA context on device N with toga's kernels loaded.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{Error, Result};
+
+/// What the host knows about the device.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub sm_count: u32,
+    pub compute_capability: (i32, i32),
+    pub total_memory: u64,
+    pub free_memory: u64,
+    pub driver_version: i32,
+}
+
+/// Options for [`Gpu::open_with`].
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Raise CUDA's own device-malloc heap (`cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`) to this many
+    /// bytes before the module loads. Only the CUDA-malloc baseline kernels need it.
+    pub cuda_malloc_heap: Option<usize>,
+}
+
+/// A context on one device with a PTX module loaded (toga's own, or a user's kernel crate).
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    module: Arc<CudaModule>,
+    info: DeviceInfo,
+}
+
+/// Check that a driver is present and return the number of devices.
+pub fn device_count() -> Result<usize> {
+    // SAFETY: only tries to dlopen libcuda; no CUDA call is made.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoDriver);
+    }
+    match CudaContext::device_count() {
+        Ok(n) => Ok(n.max(0) as usize),
+        Err(e) => Err(Error::NoDevice(e.to_string())),
+    }
+}
+
+impl Gpu {
+    /// Open device `ordinal` and load toga's kernels.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        Self::open_with(ordinal, crate::KERNELS_PTX, &GpuOptions::default())
+    }
+
+    /// Open device `ordinal` and load `ptx` (for example a user kernel crate built with
+    /// `toga_builder::Builder`, which contains toga's allocator too).
+    pub fn open_with(ordinal: usize, ptx: &str, options: &GpuOptions) -> Result<Self> {
+        let count = device_count()?;
+        if count == 0 {
+            return Err(Error::NoDevice("the driver reports 0 devices".into()));
+        }
+        if ordinal >= count {
+            return Err(Error::DeviceOutOfRange { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        if let Some(bytes) = options.cuda_malloc_heap {
+            ctx.set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes)?;
+        }
+        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let (free, total) = ctx.mem_get_info()?;
+        let attr = |a| ctx.attribute(a);
+        use sys::CUdevice_attribute as A;
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name()?,
+            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            compute_capability: (
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            total_memory: total as u64,
+            free_memory: free as u64,
+            driver_version: driver_version(),
+        };
+        Ok(Self { ctx, module, info })
+    }
+
+    /// The device this context is on.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Free device memory right now.
+    pub fn free_memory(&self) -> Result<u64> {
+        Ok(self.ctx.mem_get_info()?.0 as u64)
+    }
+
+    /// The CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The loaded module.
+    pub fn module(&self) -> &Arc<CudaModule> {
+        &self.module
+    }
+
+    /// A kernel of the loaded module by name.
+    pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        Ok(self.module.load_function(name)?)
+    }
+
+    /// The context's default stream.
+    pub fn default_stream(&self) -> Arc<CudaStream> {
+        self.ctx.default_stream()
+    }
+
+    /// A new non-default stream.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        Ok(self.ctx.new_stream()?)
+    }
+}
+
+fn driver_version() -> i32 {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    let _ = unsafe { sys::cuDriverGetVersion(&mut v) };
+    v
+}
