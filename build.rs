@@ -6,7 +6,7 @@ use std::path::PathBuf;
 fn main() {
     // The builder must come first: when rustc runs this script as the PTX linker, `new` links
     // and exits.
-    let builder = toga_builder::Builder::new("kernels");
+    let builder = toga_builder::Builder::new("kernels").feature("harness");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target = out.ancestors().nth(4).map(|t| t.join("ptx"));
     let builder = match target {

@@ -6,6 +6,7 @@
 //! [`Error::NoDriver`] at run time.
 
 pub mod error;
+// INTEGRATION: pub mod heap; pub mod workload;
 pub mod gpu;
 
 pub use error::{Error, Result};

@@ -1,36 +1,75 @@
-//! `cargo run -p host`: toga's stress harness.
+//! `cargo run -p host`: toga's stress harness. With no arguments it runs the standard suite on
+//! GPU 0 and prints one row per workload; it exits 1 if any verification fails, 2 when there is
+//! no GPU to run on.
+
+mod bench;
+mod report;
+mod workloads;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use cudarc::driver::PushKernelArg;
 use toga::{Error, Gpu};
 
 /// Exit code when there is no GPU or driver to run on.
 const EXIT_NO_GPU: u8 = 2;
-/// Exit code for any other failure (bad input, a failed verification, a CUDA error).
+/// Exit code for any other failure: bad input, a failed verification, a CUDA error.
 const EXIT_FAILURE: u8 = 1;
+/// The default heap: the smaller of this and a quarter of free memory.
+const DEFAULT_HEAP_MAX: u64 = 1 << 30;
 
 #[derive(Parser, Debug)]
-#[command(name = "host", version, about = "toga's stress harness: verifies and times the GPU allocator")]
+#[command(
+    name = "host",
+    version,
+    about = "toga's stress harness: verifies and times the GPU allocator under contention"
+)]
 struct Cli {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0, global = true)]
     device: usize,
+    /// Heap size (data bytes), e.g. 512MiB or 2GiB. Default: the smaller of 1 GiB and a quarter
+    /// of free device memory.
+    #[arg(long, value_parser = parse_bytes, global = true)]
+    heap_size: Option<u64>,
+    /// Threads per workload kernel.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)), global = true)]
+    threads: u64,
+    /// Seed for the random workloads.
+    #[arg(long, default_value_t = 0x7064, global = true)]
+    seed: u32,
+    /// Print results as JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Run only this workload (see `stress --help` for the names).
+    #[arg(long, value_enum, global = true)]
+    workload: Option<workloads::Kind>,
     #[command(subcommand)]
     command: Option<Command>,
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(Subcommand, Debug, Clone, Copy)]
 enum Command {
-    /// Device, SMs, memory; runs a smoke kernel.
+    /// Run the verified workloads (the default).
+    Stress,
+    /// Quick throughput table: toga, CUDA's device malloc and a bump allocator, same run.
+    Bench,
+    /// Device, SMs, memory, heap geometry and size classes.
     Info,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("{e} (try 512MiB or 2GiB)"))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(EXIT_FAILURE),
         Err(e @ (Error::NoDriver | Error::NoDevice(_))) => {
             eprintln!("host: {e}");
             ExitCode::from(EXIT_NO_GPU)
@@ -42,14 +81,27 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: &Cli) -> toga::Result<()> {
-    let gpu = Gpu::open(cli.device)?;
-    match cli.command.as_ref().unwrap_or(&Command::Info) {
-        Command::Info => info(&gpu),
+/// Ok(true) when everything verified.
+fn run(cli: &Cli) -> toga::Result<bool> {
+    let command = cli.command.unwrap_or(Command::Stress);
+    // Only the bench needs CUDA's own malloc heap, which must be sized before the module loads.
+    let options = match command {
+        Command::Bench => bench::gpu_options(cli.threads),
+        _ => toga::GpuOptions::default(),
+    };
+    let gpu = Gpu::open_with(cli.device, toga::KERNELS_PTX, &options)?;
+    let heap_size = match cli.heap_size {
+        Some(s) => s,
+        None => DEFAULT_HEAP_MAX.min(gpu.free_memory()? / 4),
+    };
+    match command {
+        Command::Info => info(&gpu, heap_size).map(|_| true),
+        Command::Stress => workloads::stress(&gpu, heap_size, cli),
+        Command::Bench => bench::run(&gpu, cli),
     }
 }
 
-fn info(gpu: &Gpu) -> toga::Result<()> {
+fn info(gpu: &Gpu, heap_size: u64) -> toga::Result<()> {
     let i = gpu.info();
     println!(
         "device {}: {} (sm_{}{}), {} SMs, {:.1} GiB total, {:.1} GiB free, driver {}.{}",
@@ -64,22 +116,28 @@ fn info(gpu: &Gpu) -> toga::Result<()> {
         i.driver_version % 1000 / 10
     );
     let stream = gpu.default_stream();
-    let n = 1u32 << 20;
-    let mut out = stream.alloc_zeros::<u32>(n as usize)?;
-    let mut count = stream.alloc_zeros::<u32>(1)?;
-    let f = gpu.function("toga_smoke")?;
-    // SAFETY: `out` has `n` elements and `count` one, as toga_smoke requires.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&mut out)
-            .arg(&mut count)
-            .arg(&n)
-            .launch(toga::launch_config(n as u64))?;
-    }
-    let out = stream.clone_dtoh(&out)?;
-    let count = stream.clone_dtoh(&count)?[0];
-    let ok = count == n && out.iter().enumerate().all(|(k, &v)| v == k as u32 * 3 + 1);
-    println!("smoke kernel: {n} threads, {}", if ok { "✓" } else { "✗" });
+    let heap = toga::Heap::new(gpu, &stream, heap_size)?;
+    let g = heap.geometry();
+    println!(
+        "heap: {} data bytes ({} pages, buddy orders 0..={}), {} arenas, {} metadata bytes",
+        g.data_bytes(),
+        g.pages,
+        g.max_order,
+        g.arenas,
+        g.data_offset
+    );
+    let classes: Vec<String> = (0..toga_kernels::size_class::NUM_CLASSES)
+        .map(|c| toga_kernels::size_class::SizeClass::from_index(c).size().to_string())
+        .collect();
+    println!(
+        "size classes (UAlloc, bytes): {}; larger requests: TBuddy blocks of 4 KiB << order",
+        classes.join(" ")
+    );
+    let probe = toga::workload::Workloads::new(gpu)?.probe(&stream, &heap)?;
+    println!(
+        "heap check: {} bytes free in the buddy tree, whole-heap block {}",
+        probe.free_bytes,
+        if probe.whole_heap_block { "available" } else { "not available (heap is not a power of two)" }
+    );
     Ok(())
 }

@@ -17,11 +17,15 @@
 
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
+#[cfg(any())] // INTEGRATION
+extern crate alloc;
 
 pub mod platform;
 
 pub mod bulk_semaphore;
 pub mod collective;
+// INTEGRATION: pub mod heap;
+pub mod pattern;
 pub mod rcu;
 pub mod size_class;
 pub mod tbuddy;
@@ -29,6 +33,8 @@ pub mod ualloc;
 
 #[cfg(target_arch = "nvptx64")]
 mod entry;
+
+// INTEGRATION: pub use heap::{Heap, Toga, calloc, free, malloc, realloc};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -1,5 +1,16 @@
 //! Kernel entry points: thin `extern "ptx-kernel"` wrappers, kept apart from the algorithms.
 //! Every pointer argument is a device pointer the host allocated with the size the kernel's doc
 //! gives; the host wrappers in the root crate uphold that.
+//!
+//! `heap` is in every module that links toga-kernels (the host needs it to bind a heap); the
+//! rest only with the `harness` feature, in toga's own PTX.
 
+// INTEGRATION: mod heap;
+#[cfg(feature = "harness")]
 mod litmus;
+#[cfg(feature = "harness")]
+// INTEGRATION: mod workload;
+
+#[cfg(any())]
+#[global_allocator]
+static GLOBAL: crate::Toga = crate::Toga;

@@ -2,13 +2,13 @@
 
 /// Wraps a `core`- or `loom`-style atomic in the platform's naming scheme.
 macro_rules! cpu_atomic {
-    ($name:ident, $t:ty, $inner:ty) => {
+    ($name:ident, $t:ty, $inner:ty $(, $const:ident)?) => {
         /// A word that is only ever accessed atomically (CPU backend).
         #[repr(transparent)]
         pub struct $name($inner);
 
         impl $name {
-            pub fn new(v: $t) -> Self {
+            pub $($const)? fn new(v: $t) -> Self {
                 Self(<$inner>::new(v))
             }
             #[inline]

@@ -8,20 +8,9 @@ use std::cell::Cell;
 mod cpu;
 pub use cpu::*;
 
-cpu::cpu_atomic!(Atomic32, u32, AtomicU32);
-cpu::cpu_atomic!(Atomic64, u64, AtomicU64);
-
-// `new` is const on the host so that statics work the same as on the GPU.
-impl Atomic32 {
-    pub const fn new_const(v: u32) -> Self {
-        Self(AtomicU32::new(v))
-    }
-}
-impl Atomic64 {
-    pub const fn new_const(v: u64) -> Self {
-        Self(AtomicU64::new(v))
-    }
-}
+// `new` is const here as on the GPU, so statics work the same on both.
+cpu::cpu_atomic!(Atomic32, u32, AtomicU32, const);
+cpu::cpu_atomic!(Atomic64, u64, AtomicU64, const);
 
 #[inline]
 pub fn fence_acq_rel() {

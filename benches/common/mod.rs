@@ -1,0 +1,122 @@
+//! Shared by every bench file: open the GPU (or skip), run a scenario against each allocator with
+//! GPU time from CUDA events through `iter_custom`, and append every sample to a CSV.
+//!
+//! CSV rows go to `$TOGA_BENCH_CSV_DIR/<scenario>.csv` (default `target/toga-bench/`):
+//! `scenario,allocator,size,threads,state,metric,iteration,ms,failed,device`.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
+use toga::workload::{Allocator, HeapState, MallocBench, Timing};
+use toga::{Gpu, GpuOptions};
+
+/// 2^20 threads, the paper's and the issues' benchmark size.
+pub const THREADS: u64 = 1 << 20;
+/// Sizes of scenario (a).
+pub const SIZES: [u32; 5] = [16, 64, 256, 1024, 4096];
+
+/// The GPU for benchmarks, with CUDA's malloc heap raised for `threads × largest` bytes; `None`
+/// (after saying so) when there is no GPU.
+pub fn gpu(threads: u64, largest: u32) -> Option<Gpu> {
+    let options = GpuOptions {
+        cuda_malloc_heap: Some((threads * largest as u64 * 3 / 2) as usize),
+    };
+    match Gpu::open_with(0, toga::KERNELS_PTX, &options) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// Criterion settings for kernels that take from microseconds to seconds.
+pub fn configure(c: &mut Criterion) -> &mut Criterion {
+    c
+}
+
+pub fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_secs(2))
+        .sampling_mode(criterion::SamplingMode::Flat);
+    g
+}
+
+/// Appends samples to the scenario's CSV.
+pub struct Csv {
+    file: std::fs::File,
+    device: String,
+}
+
+impl Csv {
+    pub fn new(scenario: &str, gpu: &Gpu) -> Self {
+        let dir = std::env::var_os("TOGA_BENCH_CSV_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/toga-bench"));
+        std::fs::create_dir_all(&dir).expect("creating the CSV directory");
+        let path = dir.join(format!("{scenario}.csv"));
+        let new = !path.exists();
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("opening the CSV");
+        if new {
+            writeln!(file, "scenario,allocator,size,threads,state,metric,iteration,ms,failed,device").unwrap();
+        }
+        Self {
+            file,
+            device: gpu.info().name.replace(',', " "),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn row(&mut self, scenario: &str, alloc: &str, size: &str, threads: u64, state: &str, metric: &str, iteration: usize, ms: f32, failed: u64) {
+        writeln!(
+            self.file,
+            "{scenario},{alloc},{size},{threads},{state},{metric},{iteration},{ms},{failed},{}",
+            self.device
+        )
+        .unwrap();
+    }
+}
+
+fn state_name(s: HeapState) -> &'static str {
+    match s {
+        HeapState::Fresh => "fresh",
+        HeapState::Warm => "warm",
+    }
+}
+
+/// Benchmark `metric` ("malloc" or "free") of `alloc` at `size` in `state`: each criterion
+/// iteration is one full `MallocBench::run`, and only the chosen kernel's GPU time counts.
+#[allow(clippy::too_many_arguments)]
+pub fn bench_malloc(
+    g: &mut BenchmarkGroup<WallTime>,
+    b: &mut MallocBench,
+    csv: &mut Csv,
+    scenario: &str,
+    alloc: Allocator,
+    size: u32,
+    state: HeapState,
+    metric: &'static str,
+) {
+    let threads = b.threads();
+    g.throughput(Throughput::Elements(threads));
+    let id = format!("{}/{}/{}/{size}", alloc.name(), state_name(state), metric);
+    let mut iteration = 0;
+    g.bench_function(id, |bencher| {
+        bencher.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let t: Timing = b.run(alloc, size, state).expect("benchmark iteration");
+                let ms = if metric == "free" { t.free_ms } else { t.malloc_ms };
+                csv.row(scenario, alloc.name(), &size.to_string(), threads, state_name(state), metric, iteration, ms, t.failed);
+                iteration += 1;
+                total += Duration::from_secs_f64(ms as f64 / 1e3);
+            }
+            total
+        })
+    });
+}

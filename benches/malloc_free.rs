@@ -1,0 +1,36 @@
+//! Scenario (b'): every thread calls `malloc` then `free` in the same kernel (toga), 16 B – 4 KiB.
+
+mod common;
+
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use toga::workload::MallocBench;
+
+fn malloc_free(c: &mut Criterion) {
+    let Some(gpu) = common::gpu(common::THREADS, 16) else { return };
+    let heap = (common::THREADS * 4096 * 2).min(gpu.free_memory().unwrap() / 3);
+    let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
+    let mut csv = common::Csv::new("b_malloc_free", &gpu);
+    let mut g = common::group(c, "b_malloc_free");
+    g.throughput(Throughput::Elements(common::THREADS));
+    for size in common::SIZES {
+        let mut iteration = 0;
+        g.bench_function(format!("toga/fresh/malloc_free/{size}"), |bencher| {
+            bencher.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = b.run_malloc_free(size).expect("benchmark iteration");
+                    csv.row("b_malloc_free", "toga", &size.to_string(), common::THREADS, "fresh", "malloc_free", iteration, t.malloc_ms, t.failed);
+                    iteration += 1;
+                    total += Duration::from_secs_f64(t.malloc_ms as f64 / 1e3);
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, malloc_free);
+criterion_main!(benches);

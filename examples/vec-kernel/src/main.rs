@@ -1,0 +1,56 @@
+//! Runs the example kernel crate on GPU 0: `cargo run -p vec-kernel-example`.
+//! Exits 2 without a GPU, 1 if a result is wrong.
+
+use std::process::ExitCode;
+
+use cudarc::driver::PushKernelArg;
+use toga::{Error, Gpu, GpuOptions, Heap};
+
+const PTX: &str = include_str!(env!("VEC_KERNEL_PTX"));
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e @ (Error::NoDriver | Error::NoDevice(_))) => {
+            eprintln!("vec-kernel-example: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("vec-kernel-example: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run() -> toga::Result<bool> {
+    // The user's module contains toga's allocator and its heap-init kernels.
+    let gpu = Gpu::open_with(0, PTX, &GpuOptions::default())?;
+    let stream = gpu.default_stream();
+    // Creating the heap binds it to the module, so `malloc` and `Vec` in the kernel use it.
+    let heap = Heap::new(&gpu, &stream, 256 << 20)?;
+    let (n, len) = (1usize << 16, 100usize);
+    let mut out = stream.alloc_zeros::<u64>(n)?;
+    let f = gpu.function("grow_vectors")?;
+    // SAFETY: `out` has `n` elements; the heap is bound.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&mut out)
+            .arg(&n)
+            .arg(&len)
+            .launch(toga::launch_config(n as u64))?;
+    }
+    let out = stream.clone_dtoh(&out)?;
+    let wrong = (0..n)
+        .filter(|&i| out[i] != (0..len as u64).map(|k| i as u64 + k).sum::<u64>())
+        .count();
+    let stats = heap.stats(&stream)?;
+    println!(
+        "{n} threads each grew a Vec to {len} elements: {wrong} wrong sums; heap: {} mallocs, {} frees, {} live blocks",
+        stats.mallocs,
+        stats.frees,
+        stats.live_blocks()
+    );
+    Ok(wrong == 0 && stats.live_blocks() == 0)
+}

@@ -1,0 +1,39 @@
+//! Heap bring-up and binding.
+
+use crate::heap::{self, Heap};
+use crate::platform;
+
+/// Initialization, step 1: the grid's threads split the buddy tree between them.
+///
+/// # Safety
+/// `base` is a zeroed heap allocation whose header holds its `Geometry`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_init_nodes(base: *mut u8) {
+    // SAFETY: kernel contract.
+    let heap = unsafe { Heap::from_base(base) };
+    heap.init_nodes(platform::global_thread_id(), platform::grid_threads());
+}
+
+/// Initialization, step 2: one thread finishes (launched after step 1 on the same stream).
+///
+/// # Safety
+/// As for `toga_heap_init_nodes`, after it completed.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_init_finish(base: *mut u8) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { Heap::from_base(base) }.init_finish();
+    }
+}
+
+/// Make `base` the heap of this module's `malloc`/`free`/`GlobalAlloc` (0 unbinds).
+///
+/// # Safety
+/// `base` is 0 or an initialized heap that outlives every kernel of this module that allocates.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_bind_heap(base: *mut u8) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { heap::bind(base) };
+    }
+}

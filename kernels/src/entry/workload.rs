@@ -1,0 +1,330 @@
+//! Workload kernels shared by the GPU tests, the `host` harness and the benchmarks, and the two
+//! baselines (CUDA's device malloc and a bump allocator). Thread `i` of a 1-D grid handles element
+//! `i < n`; `base` is an initialized heap.
+
+use alloc::vec::Vec;
+use core::arch::nvptx;
+
+use crate::heap::Heap;
+use crate::pattern;
+use crate::platform::{self, Atomic64};
+
+fn tid() -> usize {
+    platform::global_thread_id() as usize
+}
+
+/// Errors are counted in `errors[0]` (pattern words or bytes wrong) and `errors[1]` (other).
+fn count_error(errors: *const Atomic64, which: usize, n: u64) {
+    if n != 0 {
+        // SAFETY: `errors` has two words (every kernel's contract).
+        unsafe { &*errors.add(which) }.fetch_add_relaxed(n);
+    }
+}
+
+/// `ptrs[i] = malloc(sizes[i])`, then fill the block with the pattern of `(i, tag)`.
+///
+/// # Safety
+/// `ptrs` and `sizes` have `n` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_alloc_fill(base: *mut u8, ptrs: *mut u64, sizes: *const u32, n: u64, tag: u32) {
+    let i = tid();
+    if i as u64 >= n {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let (heap, size) = unsafe { (Heap::from_base(base), *sizes.add(i) as usize) };
+    let p = heap.malloc(size);
+    if !p.is_null() {
+        // SAFETY: `p` holds `size` bytes, aligned to 16.
+        unsafe { pattern::fill(p, size, i as u64, tag) };
+    }
+    // SAFETY: kernel contract.
+    unsafe { *ptrs.add(i) = p as u64 };
+}
+
+/// Check the pattern of `ptrs[i]` (if not null) and, when `free != 0`, free it.
+///
+/// # Safety
+/// `ptrs`/`sizes` as filled by `toga_alloc_fill` with the same `tag`; `errors` has two words.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_check_free(
+    base: *mut u8,
+    ptrs: *const u64,
+    sizes: *const u32,
+    n: u64,
+    tag: u32,
+    free: u32,
+    errors: *const Atomic64,
+) {
+    let i = tid();
+    if i as u64 >= n {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let (heap, p, size) = unsafe { (Heap::from_base(base), *ptrs.add(i) as *mut u8, *sizes.add(i) as usize) };
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `p` is a live block of `size` bytes filled for `(i, tag)`.
+    count_error(errors, 0, unsafe { pattern::check(p, size, i as u64, tag) });
+    if free != 0 {
+        // SAFETY: `p` came from this heap and is freed once.
+        unsafe { heap.free(p) };
+    }
+}
+
+/// Benchmark: `ptrs[i] = malloc(size)`.
+///
+/// # Safety
+/// `ptrs` has `n` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_malloc(base: *mut u8, ptrs: *mut u64, size: u32, n: u64) {
+    let i = tid();
+    if (i as u64) < n {
+        // SAFETY: kernel contract.
+        unsafe { *ptrs.add(i) = Heap::from_base(base).malloc(size as usize) as u64 };
+    }
+}
+
+/// Benchmark: `free(ptrs[i])`.
+///
+/// # Safety
+/// `ptrs` has `n` elements from `toga_malloc` on the same heap (nulls allowed).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_free(base: *mut u8, ptrs: *const u64, n: u64) {
+    let i = tid();
+    if (i as u64) < n {
+        // SAFETY: kernel contract.
+        unsafe { Heap::from_base(base).free(*ptrs.add(i) as *mut u8) };
+    }
+}
+
+/// Benchmark: `malloc(size)`, write one word, `free`, in one kernel; nulls counted in
+/// `errors[1]`.
+///
+/// # Safety
+/// `errors` has two words.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_malloc_free(base: *mut u8, size: u32, n: u64, errors: *const Atomic64) {
+    let i = tid();
+    if (i as u64) >= n {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let heap = unsafe { Heap::from_base(base) };
+    let p = heap.malloc(size as usize);
+    if p.is_null() {
+        count_error(errors, 1, 1);
+    } else {
+        // SAFETY: `p` holds at least `size` ≥ 4 bytes... or fewer: write one byte.
+        unsafe {
+            p.write_volatile(i as u8);
+            heap.free(p);
+        }
+    }
+}
+
+/// Baseline: CUDA's device `malloc`.
+///
+/// # Safety
+/// `ptrs` has `n` elements; the context's malloc heap limit was raised before loading.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn cuda_malloc(ptrs: *mut u64, size: u32, n: u64) {
+    let i = tid();
+    if (i as u64) < n {
+        // SAFETY: kernel contract.
+        unsafe { *ptrs.add(i) = nvptx::malloc(size as usize) as u64 };
+    }
+}
+
+/// Baseline: CUDA's device `free`.
+///
+/// # Safety
+/// `ptrs` from `cuda_malloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn cuda_free(ptrs: *const u64, n: u64) {
+    let i = tid();
+    if (i as u64) < n {
+        // SAFETY: kernel contract.
+        unsafe { nvptx::free(*ptrs.add(i) as *mut u8) };
+    }
+}
+
+/// Baseline: a bump allocator, one `atom.add` per thread on one global word, no reuse: the
+/// practical ceiling. `bump[0]` is the offset into `arena` of `limit` bytes; past it, null.
+///
+/// # Safety
+/// `ptrs` has `n` elements; `bump` one word.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn bump_malloc(ptrs: *mut u64, size: u32, n: u64, bump: *const Atomic64, arena: u64, limit: u64) {
+    let i = tid();
+    if (i as u64) < n {
+        let size = (size as u64).div_ceil(16) * 16;
+        // SAFETY: kernel contract.
+        let off = unsafe { &*bump }.fetch_add_relaxed(size);
+        let p = if off + size <= limit { arena + off } else { 0 };
+        // SAFETY: kernel contract.
+        unsafe { *ptrs.add(i) = p };
+    }
+}
+
+/// Each thread grows a `Vec<u64>` to `len` elements through `GlobalAlloc`, checks it, and writes
+/// the sum to `out[i]` (`u64::MAX` if an allocation failed).
+///
+/// # Safety
+/// `out` has `n` elements; a heap is bound to this module.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_vec_push(out: *mut u64, n: u64, len: u32) {
+    let i = tid();
+    if (i as u64) >= n {
+        return;
+    }
+    let mut v: Vec<u64> = Vec::new();
+    let mut sum = 0u64;
+    for k in 0..len as u64 {
+        if v.try_reserve(1).is_err() {
+            sum = u64::MAX;
+            break;
+        }
+        v.push(i as u64 * 1000 + k);
+    }
+    if sum != u64::MAX {
+        sum = v.iter().enumerate().map(|(k, &x)| if x == i as u64 * 1000 + k as u64 { x } else { 0 }).sum();
+    }
+    // SAFETY: kernel contract.
+    unsafe { *out.add(i) = sum };
+}
+
+/// Fragmentation churn: each thread keeps up to `SLOTS` live blocks and, for `rounds` steps,
+/// frees one (checking its pattern) or allocates a random size in `[min, max]`. Everything is
+/// freed at the end. `errors[0]`: corrupted patterns; `errors[1]`: failed allocations.
+///
+/// # Safety
+/// `errors` has two words.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_churn(base: *mut u8, n: u64, rounds: u32, seed: u32, min: u32, max: u32, errors: *const Atomic64) {
+    const SLOTS: usize = 4;
+    let i = tid();
+    if (i as u64) >= n {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let heap = unsafe { Heap::from_base(base) };
+    let mut live: [(*mut u8, u32, u32); SLOTS] = [(core::ptr::null_mut(), 0, 0); SLOTS];
+    let mut rng = (i as u64 ^ (seed as u64) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut bad, mut failed) = (0, 0);
+    for round in 0..rounds {
+        let r = next();
+        let slot = (r % SLOTS as u64) as usize;
+        let (p, size, tag) = live[slot];
+        if !p.is_null() {
+            // SAFETY: a live block filled with `(i, tag)`.
+            unsafe {
+                bad += pattern::check(p, size as usize, i as u64, tag);
+                heap.free(p);
+            }
+            live[slot].0 = core::ptr::null_mut();
+        } else {
+            let size = min + ((r >> 32) % (max - min + 1) as u64) as u32;
+            let p = heap.malloc(size as usize);
+            if p.is_null() {
+                failed += 1;
+            } else {
+                // SAFETY: `p` holds `size` bytes.
+                unsafe { pattern::fill(p, size as usize, i as u64, round) };
+                live[slot] = (p, size, round);
+            }
+        }
+    }
+    for (p, size, tag) in live {
+        if !p.is_null() {
+            // SAFETY: a live block filled with `(i, tag)`.
+            unsafe {
+                bad += pattern::check(p, size as usize, i as u64, tag);
+                heap.free(p);
+            }
+        }
+    }
+    count_error(errors, 0, bad);
+    count_error(errors, 1, failed);
+}
+
+/// Whole-heap check, one thread, on a quiescent heap: `out[0]` = free bytes TBuddy holds,
+/// `out[1]` = 1 if a block of the tree's largest order could be taken (and it is given back).
+///
+/// # Safety
+/// `out` has two words; nothing else runs on the heap.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_probe(base: *mut u8, out: *mut u64) {
+    if tid() != 0 {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let buddy = unsafe { Heap::from_base(base) }.buddy();
+    let free = buddy.available_pages() << crate::tbuddy::PAGE_SHIFT;
+    let whole = match buddy.alloc(buddy.max_order()) {
+        Some(off) => {
+            buddy.free(off, buddy.max_order());
+            1
+        }
+        None => 0,
+    };
+    // SAFETY: kernel contract.
+    unsafe {
+        *out = free;
+        *out.add(1) = whole;
+    }
+}
+
+/// Benchmark: `ptrs[i] = malloc(sizes[i])`.
+///
+/// # Safety
+/// `ptrs` and `sizes` have `n` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_malloc_sizes(base: *mut u8, ptrs: *mut u64, sizes: *const u32, n: u64) {
+    let i = tid();
+    if (i as u64) < n {
+        // SAFETY: kernel contract.
+        unsafe { *ptrs.add(i) = Heap::from_base(base).malloc(*sizes.add(i) as usize) as u64 };
+    }
+}
+
+/// Baseline: `ptrs[i] = CUDA malloc(sizes[i])`.
+///
+/// # Safety
+/// `ptrs` and `sizes` have `n` elements; the malloc heap limit was raised before loading.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn cuda_malloc_sizes(ptrs: *mut u64, sizes: *const u32, n: u64) {
+    let i = tid();
+    if (i as u64) < n {
+        // SAFETY: kernel contract.
+        unsafe { *ptrs.add(i) = nvptx::malloc(*sizes.add(i) as usize) as u64 };
+    }
+}
+
+/// `out` = sizes of the shared structures as the GPU build lays them out, for the host to compare
+/// with its own: `[HeapHeader, StatsShard, Arena, Geometry]`.
+///
+/// # Safety
+/// `out` has four words.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_layout(out: *mut u64) {
+    if tid() == 0 {
+        let sizes = [
+            size_of::<crate::heap::HeapHeader>(),
+            size_of::<crate::heap::StatsShard>(),
+            size_of::<crate::ualloc::Arena>(),
+            size_of::<crate::heap::Geometry>(),
+        ];
+        for (k, s) in sizes.into_iter().enumerate() {
+            // SAFETY: four words (kernel contract).
+            unsafe { *out.add(k) = s as u64 };
+        }
+    }
+}

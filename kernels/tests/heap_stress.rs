@@ -1,0 +1,244 @@
+//! The whole heap (`malloc`/`free` routing, TBuddy, UAlloc, statistics) on host threads over a
+//! heap in host memory, with a shadow oracle and byte patterns.
+#![cfg(not(loom))]
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, mpsc};
+
+use toga_kernels::heap::{Geometry, Heap, HeapHeader, stat};
+use toga_kernels::pattern;
+use toga_kernels::ualloc::{CHUNK_SIZE, MAX_SMALL_SIZE};
+
+/// A heap in host memory, laid out exactly as on the GPU.
+struct HostHeap {
+    mem: *mut u8,
+    layout: Layout,
+    geometry: Geometry,
+}
+
+// SAFETY: the heap is made for concurrent use; the buffer is owned by this struct.
+unsafe impl Send for HostHeap {}
+unsafe impl Sync for HostHeap {}
+
+impl HostHeap {
+    fn new(data_bytes: u64, arenas: u64) -> Self {
+        let total = Geometry::allocation_bytes(data_bytes, arenas).unwrap();
+        let layout = Layout::from_size_align(total as usize, CHUNK_SIZE).unwrap();
+        // SAFETY: non-zero size.
+        let mem = unsafe { alloc_zeroed(layout) };
+        assert!(!mem.is_null());
+        let geometry = Geometry::new(mem as u64, total, data_bytes, arenas).unwrap();
+        // SAFETY: the header is at the start of the zeroed buffer; nothing else uses it yet.
+        unsafe {
+            let header = mem as *mut HeapHeader;
+            std::ptr::addr_of_mut!((*header).geometry).write(geometry);
+            let heap = Heap::from_base(mem);
+            heap.init_nodes(0, 3);
+            heap.init_nodes(1, 3);
+            heap.init_nodes(2, 3);
+            heap.init_finish();
+        }
+        Self { mem, layout, geometry }
+    }
+
+    fn heap(&self) -> Heap<'_> {
+        // SAFETY: initialized in `new`, lives as long as `self`.
+        unsafe { Heap::from_base(self.mem) }
+    }
+
+    fn stat(&self, word: usize) -> u64 {
+        let g = &self.geometry;
+        (0..g.arenas as usize)
+            .map(|a| {
+                // SAFETY: reading the shards of our own heap.
+                unsafe {
+                    let shard = self.mem.add(g.shards_offset as usize + a * size_of::<toga_kernels::heap::StatsShard>())
+                        as *const u64;
+                    std::ptr::read_volatile(shard.add(word))
+                }
+            })
+            .fold(0u64, u64::wrapping_add)
+    }
+}
+
+impl Drop for HostHeap {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.mem, self.layout) }
+    }
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+#[test]
+fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
+    const THREADS: usize = 6;
+    const STEPS: usize = 3000;
+    let h = Arc::new(HostHeap::new(64 << 20, 4));
+    let oracle: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<(u64, u32, u64)>()).unzip();
+    let senders = Arc::new(senders);
+    let mut handles = Vec::new();
+    for (t, rx) in receivers.into_iter().enumerate() {
+        let (h, oracle, senders) = (h.clone(), oracle.clone(), senders.clone());
+        handles.push(std::thread::spawn(move || {
+            let heap = h.heap();
+            let mut rng = 0x1234_5678 ^ (t as u64 + 1) * 0x9E37_79B9;
+            let mut live: Vec<(u64, u32, u64)> = Vec::new();
+            let free = |(p, size, owner): (u64, u32, u64)| {
+                // SAFETY: a live block filled for `owner`.
+                unsafe {
+                    assert_eq!(pattern::check(p as *const u8, size as usize, owner, 1), 0, "corrupted block at {p:#x}");
+                }
+                oracle.lock().unwrap().remove(&p).expect("freeing a block the oracle does not know");
+                // SAFETY: live block of this heap, freed once.
+                unsafe { heap.free(p as *mut u8) };
+            };
+            for step in 0..STEPS {
+                while let Ok(b) = rx.try_recv() {
+                    free(b);
+                }
+                let r = xorshift(&mut rng);
+                if r % 3 == 0 && !live.is_empty() {
+                    let b = live.swap_remove((r as usize / 3) % live.len());
+                    if r % 2 == 0 {
+                        senders[(t + 1) % THREADS].send(b).unwrap();
+                    } else {
+                        free(b);
+                    }
+                } else {
+                    let size = if r % 16 == 1 { 4096 + (r >> 20) % 200_000 } else { 1 + (r >> 20) % MAX_SMALL_SIZE as u64 } as u32;
+                    let p = heap.malloc(size as usize) as u64;
+                    if p == 0 {
+                        continue;
+                    }
+                    assert_eq!(p % 16, 0, "malloc({size}) returned {p:#x}");
+                    let owner = (t * STEPS + step) as u64;
+                    {
+                        let mut o = oracle.lock().unwrap();
+                        if let Some((&q, &len)) = o.range(..=p).next_back() {
+                            assert!(q + len <= p, "{p:#x} overlaps the live block {q:#x}+{len}");
+                        }
+                        if let Some((&q, _)) = o.range(p..).next() {
+                            assert!(p + size as u64 <= q, "{p:#x}+{size} overlaps the live block {q:#x}");
+                        }
+                        o.insert(p, size as u64);
+                    }
+                    // SAFETY: `p` holds `size` bytes.
+                    unsafe { pattern::fill(p as *mut u8, size as usize, owner, 1) };
+                    live.push((p, size, owner));
+                }
+            }
+            live
+        }));
+    }
+    let leftovers: Vec<_> = handles.into_iter().flat_map(|j| j.join().unwrap()).collect();
+    // Blocks still in flight in channels are gone with the receivers; free what the threads kept
+    // and what the oracle still knows.
+    let heap = h.heap();
+    for (p, size, owner) in leftovers {
+        // SAFETY: live block.
+        unsafe {
+            assert_eq!(pattern::check(p as *const u8, size as usize, owner, 1), 0);
+        }
+        oracle.lock().unwrap().remove(&p);
+        // SAFETY: live block, freed once.
+        unsafe { heap.free(p as *mut u8) };
+    }
+    for (&p, _) in oracle.lock().unwrap().iter() {
+        // SAFETY: blocks sent but never received are still live.
+        unsafe { heap.free(p as *mut u8) };
+    }
+    assert_eq!(h.stat(stat::MALLOCS), h.stat(stat::FREES));
+    assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+    assert_eq!(h.stat(stat::DOUBLE_FREES) + h.stat(stat::INVALID_FREES), 0);
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), h.geometry.pages, "every chunk is back in TBuddy");
+}
+
+#[test]
+fn misuse_is_counted_and_changes_nothing() {
+    let h = HostHeap::new(8 << 20, 2);
+    let heap = h.heap();
+    let small = heap.malloc(40);
+    let large = heap.malloc(3 * 4096);
+    assert!(!small.is_null() && !large.is_null());
+    // SAFETY: deliberate misuse; the heap must detect every case below.
+    unsafe {
+        heap.free(std::ptr::null_mut());
+        heap.free(small);
+        heap.free(small);
+        heap.free(large);
+        heap.free(large);
+        heap.free(0x1000 as *mut u8);
+        heap.free(h.mem);
+    }
+    assert_eq!(h.stat(stat::DOUBLE_FREES) + h.stat(stat::INVALID_FREES), 4);
+    assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
+    assert!(heap.malloc(0).is_null());
+    assert!(heap.malloc(usize::MAX / 2).is_null());
+    assert_eq!(h.stat(stat::FAILED), 1, "malloc(0) is no failure; the huge one is");
+}
+
+#[test]
+fn exhaustion_then_full_recovery() {
+    let h = HostHeap::new(4 << 20, 2);
+    let heap = h.heap();
+    for size in [64usize, 8192, 1000] {
+        let mut first = Vec::new();
+        loop {
+            let p = heap.malloc(size);
+            if p.is_null() {
+                break;
+            }
+            first.push(p);
+        }
+        for &p in &first {
+            // SAFETY: live blocks, freed once.
+            unsafe { heap.free(p) };
+        }
+        let mut second = Vec::new();
+        loop {
+            let p = heap.malloc(size);
+            if p.is_null() {
+                break;
+            }
+            second.push(p);
+        }
+        assert_eq!(first.len(), second.len(), "size {size}: the heap recovered fully");
+        for &p in &second {
+            // SAFETY: live blocks, freed once.
+            unsafe { heap.free(p) };
+        }
+        heap.buddy().assert_valid();
+        assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
+    }
+}
+
+#[test]
+fn calloc_and_realloc_keep_contents() {
+    let h = HostHeap::new(8 << 20, 1);
+    let heap = h.heap();
+    let p = heap.calloc(100, 8);
+    // SAFETY: `p` holds 800 zeroed bytes.
+    unsafe {
+        assert!(std::slice::from_raw_parts(p, 800).iter().all(|&b| b == 0));
+        pattern::fill(p, 800, 7, 7);
+        let q = heap.realloc(p, 20_000);
+        assert!(!q.is_null());
+        assert_eq!(pattern::check(q, 800, 7, 7), 0);
+        let r = heap.realloc(q, 100);
+        assert_eq!(pattern::check(r, 100, 7, 7), 0);
+        assert!(heap.realloc(r, 0).is_null());
+    }
+    assert!(heap.calloc(usize::MAX, 2).is_null());
+    assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+}

@@ -1,0 +1,487 @@
+//! Typed launchers for the workload and baseline kernels of toga's own PTX
+//! (`kernels/src/entry/workload.rs`), shared by the GPU tests, the `host` harness and the benches.
+//!
+//! Every launcher enqueues on the given stream and returns at once; read results back with the
+//! stream (which synchronizes) or time them with [`time_ms`].
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg, sys};
+
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::heap::Heap;
+use crate::launch_config;
+
+/// The kernels, loaded once.
+pub struct Workloads {
+    alloc_fill: CudaFunction,
+    check_free: CudaFunction,
+    malloc: CudaFunction,
+    free: CudaFunction,
+    malloc_free: CudaFunction,
+    cuda_malloc: CudaFunction,
+    cuda_free: CudaFunction,
+    bump_malloc: CudaFunction,
+    vec_push: CudaFunction,
+    churn: CudaFunction,
+    heap_probe: CudaFunction,
+    malloc_sizes: CudaFunction,
+    cuda_malloc_sizes: CudaFunction,
+}
+
+/// What `toga_heap_probe` reports about a quiescent heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Bytes TBuddy holds as free blocks.
+    pub free_bytes: u64,
+    /// Whether one block of the tree's largest order could be taken (and was given back).
+    pub whole_heap_block: bool,
+}
+
+/// GPU time of the work `f` enqueues on `stream`, by CUDA events, in milliseconds.
+pub fn time_ms(stream: &Arc<CudaStream>, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = stream.record_event(flags)?;
+    f()?;
+    let end = stream.record_event(flags)?;
+    Ok(start.elapsed_ms(&end)?)
+}
+
+impl Workloads {
+    /// Load the kernels from `gpu`'s module (toga's own PTX).
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(Self {
+            alloc_fill: gpu.function("toga_alloc_fill")?,
+            check_free: gpu.function("toga_check_free")?,
+            malloc: gpu.function("toga_malloc")?,
+            free: gpu.function("toga_free")?,
+            malloc_free: gpu.function("toga_malloc_free")?,
+            cuda_malloc: gpu.function("cuda_malloc")?,
+            cuda_free: gpu.function("cuda_free")?,
+            bump_malloc: gpu.function("bump_malloc")?,
+            vec_push: gpu.function("toga_vec_push")?,
+            churn: gpu.function("toga_churn")?,
+            heap_probe: gpu.function("toga_heap_probe")?,
+            malloc_sizes: gpu.function("toga_malloc_sizes")?,
+            cuda_malloc_sizes: gpu.function("cuda_malloc_sizes")?,
+        })
+    }
+
+    /// Thread `i`: `ptrs[i] = malloc(sizes[i])`, filled with the pattern of `(i, tag)`.
+    pub fn alloc_fill(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        ptrs: &mut CudaSlice<u64>,
+        sizes: &CudaSlice<u32>,
+        tag: u32,
+    ) -> Result<()> {
+        let n = ptrs.len().min(sizes.len()) as u64;
+        // SAFETY: `ptrs` and `sizes` hold `n` elements; the heap is initialized.
+        unsafe {
+            stream
+                .launch_builder(&self.alloc_fill)
+                .arg(&heap.base())
+                .arg(ptrs)
+                .arg(sizes)
+                .arg(&n)
+                .arg(&tag)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Thread `i`: check the pattern of `ptrs[i]`, then free it if `free`. Wrong words go to
+    /// `errors[0]` (two words, zeroed by the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_free(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        ptrs: &CudaSlice<u64>,
+        sizes: &CudaSlice<u32>,
+        tag: u32,
+        free: bool,
+        errors: &mut CudaSlice<u64>,
+    ) -> Result<()> {
+        let n = ptrs.len().min(sizes.len()) as u64;
+        let free = free as u32;
+        // SAFETY: as for `alloc_fill`; `errors` has two words.
+        unsafe {
+            stream
+                .launch_builder(&self.check_free)
+                .arg(&heap.base())
+                .arg(ptrs)
+                .arg(sizes)
+                .arg(&n)
+                .arg(&tag)
+                .arg(&free)
+                .arg(errors)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Thread `i`: `ptrs[i] = malloc(size)` and nothing else (the benchmark kernel).
+    pub fn malloc(&self, stream: &Arc<CudaStream>, heap: &Heap, ptrs: &mut CudaSlice<u64>, size: u32) -> Result<()> {
+        let n = ptrs.len() as u64;
+        // SAFETY: `ptrs` has `n` elements.
+        unsafe {
+            stream
+                .launch_builder(&self.malloc)
+                .arg(&heap.base())
+                .arg(ptrs)
+                .arg(&size)
+                .arg(&n)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Thread `i`: `ptrs[i] = malloc(sizes[i])` (toga) or CUDA's `malloc(sizes[i])`.
+    pub fn malloc_sizes(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: Option<&Heap>,
+        ptrs: &mut CudaSlice<u64>,
+        sizes: &CudaSlice<u32>,
+    ) -> Result<()> {
+        let n = ptrs.len().min(sizes.len()) as u64;
+        // SAFETY: `ptrs` and `sizes` have `n` elements.
+        unsafe {
+            match heap {
+                Some(h) => stream
+                    .launch_builder(&self.malloc_sizes)
+                    .arg(&h.base())
+                    .arg(ptrs)
+                    .arg(sizes)
+                    .arg(&n)
+                    .launch(launch_config(n))?,
+                None => stream
+                    .launch_builder(&self.cuda_malloc_sizes)
+                    .arg(ptrs)
+                    .arg(sizes)
+                    .arg(&n)
+                    .launch(launch_config(n))?,
+            };
+        }
+        Ok(())
+    }
+
+    /// Thread `i`: `free(ptrs[i])`.
+    pub fn free(&self, stream: &Arc<CudaStream>, heap: &Heap, ptrs: &CudaSlice<u64>) -> Result<()> {
+        let n = ptrs.len() as u64;
+        // SAFETY: `ptrs` came from `malloc` on this heap.
+        unsafe {
+            stream
+                .launch_builder(&self.free)
+                .arg(&heap.base())
+                .arg(ptrs)
+                .arg(&n)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// `n` threads each `malloc(size)`, write a byte, `free`; nulls counted in `errors[1]`.
+    pub fn malloc_free(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        n: u64,
+        size: u32,
+        errors: &mut CudaSlice<u64>,
+    ) -> Result<()> {
+        // SAFETY: `errors` has two words.
+        unsafe {
+            stream
+                .launch_builder(&self.malloc_free)
+                .arg(&heap.base())
+                .arg(&size)
+                .arg(&n)
+                .arg(errors)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Baseline: CUDA's device `malloc` (the context's heap limit must have been raised with
+    /// [`crate::GpuOptions::cuda_malloc_heap`]).
+    pub fn cuda_malloc(&self, stream: &Arc<CudaStream>, ptrs: &mut CudaSlice<u64>, size: u32) -> Result<()> {
+        let n = ptrs.len() as u64;
+        // SAFETY: `ptrs` has `n` elements.
+        unsafe {
+            stream
+                .launch_builder(&self.cuda_malloc)
+                .arg(ptrs)
+                .arg(&size)
+                .arg(&n)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Baseline: CUDA's device `free` of what `cuda_malloc` returned.
+    pub fn cuda_free(&self, stream: &Arc<CudaStream>, ptrs: &CudaSlice<u64>) -> Result<()> {
+        let n = ptrs.len() as u64;
+        // SAFETY: `ptrs` came from `cuda_malloc`.
+        unsafe {
+            stream
+                .launch_builder(&self.cuda_free)
+                .arg(ptrs)
+                .arg(&n)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Baseline: one `atom.add` per thread on `bump[0]`, handing out 16-byte-rounded pieces of
+    /// `arena` (`limit` bytes).
+    pub fn bump_malloc(
+        &self,
+        stream: &Arc<CudaStream>,
+        ptrs: &mut CudaSlice<u64>,
+        size: u32,
+        bump: &mut CudaSlice<u64>,
+        arena: u64,
+        limit: u64,
+    ) -> Result<()> {
+        let n = ptrs.len() as u64;
+        // SAFETY: `ptrs` has `n` elements, `bump` one.
+        unsafe {
+            stream
+                .launch_builder(&self.bump_malloc)
+                .arg(ptrs)
+                .arg(&size)
+                .arg(&n)
+                .arg(bump)
+                .arg(&arena)
+                .arg(&limit)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Thread `i` grows a `Vec<u64>` to `len` elements; `out[i]` gets the checked sum.
+    /// The heap must be bound to toga's module ([`Heap::bind`]).
+    pub fn vec_push(&self, stream: &Arc<CudaStream>, out: &mut CudaSlice<u64>, len: u32) -> Result<()> {
+        let n = out.len() as u64;
+        // SAFETY: `out` has `n` elements.
+        unsafe {
+            stream
+                .launch_builder(&self.vec_push)
+                .arg(out)
+                .arg(&n)
+                .arg(&len)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// `n` threads churn `rounds` random alloc/free steps of sizes in `[min, max]`;
+    /// corrupted patterns to `errors[0]`, failed allocations to `errors[1]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn churn(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        n: u64,
+        rounds: u32,
+        seed: u32,
+        sizes: (u32, u32),
+        errors: &mut CudaSlice<u64>,
+    ) -> Result<()> {
+        // SAFETY: `errors` has two words.
+        unsafe {
+            stream
+                .launch_builder(&self.churn)
+                .arg(&heap.base())
+                .arg(&n)
+                .arg(&rounds)
+                .arg(&seed)
+                .arg(&sizes.0)
+                .arg(&sizes.1)
+                .arg(errors)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Whole-heap check of a quiescent heap (synchronizes `stream`).
+    pub fn probe(&self, stream: &Arc<CudaStream>, heap: &Heap) -> Result<Probe> {
+        let mut out = stream.alloc_zeros::<u64>(2)?;
+        // SAFETY: `out` has two words; nothing else runs on the heap (caller).
+        unsafe {
+            stream
+                .launch_builder(&self.heap_probe)
+                .arg(&heap.base())
+                .arg(&mut out)
+                .launch(launch_config(1))?;
+        }
+        let out = stream.clone_dtoh(&out)?;
+        Ok(Probe {
+            free_bytes: out[0],
+            whole_heap_block: out[1] == 1,
+        })
+    }
+}
+
+/// The allocators the benchmarks compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Allocator {
+    /// toga's `malloc`.
+    Toga,
+    /// CUDA's built-in device `malloc`.
+    CudaMalloc,
+    /// One `atom.add` per thread on one word: the practical ceiling (touches no memory, never
+    /// reuses).
+    Bump,
+}
+
+impl Allocator {
+    pub const ALL: [Allocator; 3] = [Allocator::Toga, Allocator::CudaMalloc, Allocator::Bump];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Allocator::Toga => "toga",
+            Allocator::CudaMalloc => "cuda-malloc",
+            Allocator::Bump => "bump",
+        }
+    }
+}
+
+/// Heap state before a timed `malloc` kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeapState {
+    /// Just initialized (`Heap::reset`).
+    Fresh,
+    /// After one full malloc/free round of the same size.
+    Warm,
+}
+
+/// GPU times of one benchmark iteration, in milliseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timing {
+    /// The kernel in which every thread calls `malloc` once.
+    pub malloc_ms: f32,
+    /// The kernel in which every thread frees that block (0 for the bump allocator).
+    pub free_ms: f32,
+    /// Threads whose `malloc` returned null.
+    pub failed: u64,
+}
+
+/// Runs "every thread mallocs once, then every thread frees" for each allocator.
+pub struct MallocBench {
+    stream: Arc<CudaStream>,
+    heap: Heap,
+    w: Workloads,
+    ptrs: CudaSlice<u64>,
+    bump: CudaSlice<u64>,
+}
+
+impl MallocBench {
+    /// `threads` threads per kernel over a toga heap of `heap_bytes`. For the CUDA baseline,
+    /// `gpu` must have been opened with [`crate::GpuOptions::cuda_malloc_heap`] large enough.
+    pub fn new(gpu: &Gpu, threads: u64, heap_bytes: u64) -> Result<Self> {
+        let stream = gpu.default_stream();
+        Ok(Self {
+            heap: Heap::new(gpu, &stream, heap_bytes)?,
+            w: Workloads::new(gpu)?,
+            ptrs: stream.alloc_zeros::<u64>(threads as usize)?,
+            bump: stream.alloc_zeros::<u64>(1)?,
+            stream,
+        })
+    }
+
+    /// Threads per kernel.
+    pub fn threads(&self) -> u64 {
+        self.ptrs.len() as u64
+    }
+
+    /// The toga heap (for statistics).
+    pub fn heap(&self) -> &Heap {
+        &self.heap
+    }
+
+    /// One iteration: set up `state`, time the malloc kernel, time the free kernel.
+    pub fn run(&mut self, alloc: Allocator, size: u32, state: HeapState) -> Result<Timing> {
+        let s = self.stream.clone();
+        let (malloc_ms, free_ms) = match alloc {
+            Allocator::Toga => {
+                self.heap.reset(&s)?;
+                if state == HeapState::Warm {
+                    self.w.malloc(&s, &self.heap, &mut self.ptrs, size)?;
+                    self.w.free(&s, &self.heap, &self.ptrs)?;
+                }
+                let m = time_ms(&s, || self.w.malloc(&s, &self.heap, &mut self.ptrs, size))?;
+                let failed = self.failed()?;
+                let f = time_ms(&s, || self.w.free(&s, &self.heap, &self.ptrs))?;
+                return Ok(Timing { malloc_ms: m, free_ms: f, failed });
+            }
+            Allocator::CudaMalloc => {
+                if state == HeapState::Warm {
+                    self.w.cuda_malloc(&s, &mut self.ptrs, size)?;
+                    self.w.cuda_free(&s, &self.ptrs)?;
+                }
+                let m = time_ms(&s, || self.w.cuda_malloc(&s, &mut self.ptrs, size))?;
+                let failed = self.failed()?;
+                let f = time_ms(&s, || self.w.cuda_free(&s, &self.ptrs))?;
+                return Ok(Timing { malloc_ms: m, free_ms: f, failed });
+            }
+            Allocator::Bump => {
+                s.memset_zeros(&mut self.bump)?;
+                let m = time_ms(&s, || {
+                    self.w.bump_malloc(&s, &mut self.ptrs, size, &mut self.bump, 1 << 40, u64::MAX >> 1)
+                })?;
+                (m, 0.0)
+            }
+        };
+        Ok(Timing { malloc_ms, free_ms, failed: self.failed()? })
+    }
+
+    /// One iteration of "thread `i` mallocs `sizes[i]`" (toga from a fresh heap, or CUDA's
+    /// malloc), then the matching free kernel.
+    pub fn run_sizes(&mut self, alloc: Allocator, sizes: &CudaSlice<u32>) -> Result<Timing> {
+        let s = self.stream.clone();
+        let (m, f) = match alloc {
+            Allocator::Toga => {
+                self.heap.reset(&s)?;
+                let m = time_ms(&s, || self.w.malloc_sizes(&s, Some(&self.heap), &mut self.ptrs, sizes))?;
+                (m, time_ms(&s, || self.w.free(&s, &self.heap, &self.ptrs))?)
+            }
+            Allocator::CudaMalloc => {
+                let m = time_ms(&s, || self.w.malloc_sizes(&s, None, &mut self.ptrs, sizes))?;
+                (m, time_ms(&s, || self.w.cuda_free(&s, &self.ptrs))?)
+            }
+            Allocator::Bump => {
+                s.memset_zeros(&mut self.bump)?;
+                let m = time_ms(&s, || {
+                    self.w.bump_malloc(&s, &mut self.ptrs, 4096, &mut self.bump, 1 << 40, u64::MAX >> 1)
+                })?;
+                (m, 0.0)
+            }
+        };
+        Ok(Timing { malloc_ms: m, free_ms: f, failed: self.failed()? })
+    }
+
+    /// One iteration of "every thread mallocs `size` and frees it in the same kernel" (toga).
+    pub fn run_malloc_free(&mut self, size: u32) -> Result<Timing> {
+        let s = self.stream.clone();
+        self.heap.reset(&s)?;
+        let mut errors = s.alloc_zeros::<u64>(2)?;
+        let n = self.threads();
+        let m = time_ms(&s, || self.w.malloc_free(&s, &self.heap, n, size, &mut errors))?;
+        let failed = s.clone_dtoh(&errors)?[1];
+        Ok(Timing { malloc_ms: m, free_ms: 0.0, failed })
+    }
+
+    /// The stream the benchmark runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn failed(&self) -> Result<u64> {
+        Ok(self.stream.clone_dtoh(&self.ptrs)?.iter().filter(|&&p| p == 0).count() as u64)
+    }
+}

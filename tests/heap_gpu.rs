@@ -1,0 +1,250 @@
+//! The allocator on a real GPU at 2^20 threads (skipped without one): TBuddy, UAlloc, routing,
+//! misuse, streams, statistics, `Vec` in kernels.
+
+mod common;
+
+use cudarc::driver::PushKernelArg;
+use toga::workload::Workloads;
+use toga::{Heap, launch_config};
+use toga_kernels::ualloc::MAX_SMALL_SIZE;
+
+const THREADS: u64 = 1 << 20;
+
+fn xorshift_sizes(n: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            lo + (x % (hi - lo + 1) as u64) as u32
+        })
+        .collect()
+}
+
+/// The bytes a block of `size` really takes.
+fn block_bytes(size: u32) -> u64 {
+    (size as u64).next_power_of_two().max(16)
+}
+
+#[test]
+fn device_and_host_agree_on_the_layout() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let mut out = stream.alloc_zeros::<u64>(4).unwrap();
+    let f = gpu.function("toga_layout").unwrap();
+    // SAFETY: four words.
+    unsafe { stream.launch_builder(&f).arg(&mut out).launch(launch_config(1)).unwrap() };
+    let out = stream.clone_dtoh(&out).unwrap();
+    let host = [
+        size_of::<toga_kernels::heap::HeapHeader>(),
+        size_of::<toga_kernels::heap::StatsShard>(),
+        size_of::<toga_kernels::ualloc::Arena>(),
+        size_of::<toga_kernels::heap::Geometry>(),
+    ]
+    .map(|s| s as u64);
+    assert_eq!(out, host);
+}
+
+#[test]
+fn tbuddy_random_orders_fill_check_free_on_another_stream() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    // 4 KiB – 1 MiB blocks for 2^20 threads need far more than 1 GiB: some requests fail.
+    let heap = Heap::new(&gpu, &stream, 1 << 30).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let orders = xorshift_sizes(THREADS, 0, 8, 42);
+    let sizes: Vec<u32> = orders.iter().map(|&o| 4096u32 << o).collect();
+    let d_sizes = stream.clone_htod(&sizes).unwrap();
+    let mut ptrs = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 3).unwrap();
+    let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
+    let ok: Vec<usize> = (0..THREADS as usize).filter(|&i| host_ptrs[i] != 0).collect();
+    let bytes: u64 = ok.iter().map(|&i| sizes[i] as u64).sum();
+    assert!(!ok.is_empty() && ok.len() < THREADS as usize, "the heap should serve some, not all");
+    assert!(bytes <= heap.capacity(), "{bytes} bytes handed out from {}", heap.capacity());
+    // Blocks are inside the heap, aligned to their size, and disjoint.
+    let data = heap.base() + heap.geometry().data_offset;
+    let mut spans: Vec<(u64, u64)> = ok.iter().map(|&i| (host_ptrs[i], sizes[i] as u64)).collect();
+    spans.sort();
+    for (p, len) in &spans {
+        assert!(*p >= data && p + len <= data + heap.capacity());
+        assert_eq!((p - data) % len, 0, "block at {p:#x} not aligned to {len}");
+    }
+    for pair in spans.windows(2) {
+        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap at {:#x}", pair[1].0);
+    }
+    // Free on a different stream, ordered after the allocation by an event.
+    let other = gpu.new_stream().unwrap();
+    other.wait(&stream.record_event(None).unwrap()).unwrap();
+    let mut errors = other.alloc_zeros::<u64>(2).unwrap();
+    w.check_free(&other, &heap, &ptrs, &d_sizes, 3, true, &mut errors).unwrap();
+    assert_eq!(other.clone_dtoh(&errors).unwrap()[0], 0, "corrupted patterns");
+    stream.wait(&other.record_event(None).unwrap()).unwrap();
+    let probe = w.probe(&stream, &heap).unwrap();
+    assert_eq!(probe.free_bytes, heap.capacity(), "every page is free again");
+    assert!(probe.whole_heap_block, "the root is Available again");
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!((s.live_blocks(), s.used_bytes, s.reserved_bytes), (0, 0, 0));
+    assert_eq!(s.mallocs, ok.len() as u64);
+    assert_eq!(s.failed_allocations, THREADS - ok.len() as u64);
+}
+
+#[test]
+fn exactly_k_large_blocks_fit_and_the_rest_fail() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let capacity = 64u64 << 20;
+    let heap = Heap::new(&gpu, &stream, capacity).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    // The smallest size that surely goes to TBuddy.
+    let size = (MAX_SMALL_SIZE as u32 + 1).next_power_of_two().max(4096);
+    let k = capacity / size as u64;
+    let d_sizes = stream.clone_htod(&vec![size; 2 * k as usize]).unwrap();
+    for round in 0..2 {
+        let mut ptrs = stream.alloc_zeros::<u64>(2 * k as usize).unwrap();
+        w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round).unwrap();
+        let got = stream.clone_dtoh(&ptrs).unwrap().iter().filter(|&&p| p != 0).count() as u64;
+        assert_eq!(got, k, "round {round}: {k} blocks of {size} B fit");
+        let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+        w.check_free(&stream, &heap, &ptrs, &d_sizes, round, true, &mut errors).unwrap();
+        assert_eq!(stream.clone_dtoh(&errors).unwrap()[0], 0);
+    }
+    assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, capacity);
+}
+
+#[test]
+fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let heap = Heap::new(&gpu, &stream, 2 << 30).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let sizes = xorshift_sizes(THREADS, 8, 65536, 7);
+    let d_sizes = stream.clone_htod(&sizes).unwrap();
+    let mut ptrs = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 9).unwrap();
+    let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
+    let got = host_ptrs.iter().filter(|&&p| p != 0).count() as u64;
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!(s.mallocs, got);
+    assert_eq!(s.live_blocks(), got);
+    let expected_used: u64 = (0..THREADS as usize)
+        .filter(|&i| host_ptrs[i] != 0)
+        .map(|i| {
+            if sizes[i] as usize <= MAX_SMALL_SIZE {
+                block_bytes(sizes[i])
+            } else {
+                (sizes[i] as u64).div_ceil(4096).next_power_of_two() * 4096
+            }
+        })
+        .sum();
+    assert_eq!(s.used_bytes, expected_used, "used bytes = the blocks handed out");
+    assert!(s.used_bytes <= heap.capacity());
+    let other = gpu.new_stream().unwrap();
+    other.wait(&stream.record_event(None).unwrap()).unwrap();
+    let mut errors = other.alloc_zeros::<u64>(2).unwrap();
+    w.check_free(&other, &heap, &ptrs, &d_sizes, 9, true, &mut errors).unwrap();
+    assert_eq!(other.clone_dtoh(&errors).unwrap()[0], 0, "corrupted patterns");
+    stream.wait(&other.record_event(None).unwrap()).unwrap();
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!((s.live_blocks(), s.used_bytes, s.reserved_bytes), (0, 0, 0), "{s:?}");
+    assert_eq!(s.used_high, expected_used);
+    let probe = w.probe(&stream, &heap).unwrap();
+    assert_eq!(probe.free_bytes, heap.capacity());
+    assert!(probe.whole_heap_block);
+}
+
+#[test]
+fn two_streams_churn_concurrently_on_one_heap() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let heap = Heap::new(&gpu, &stream, 1 << 30).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let ready = stream.record_event(None).unwrap();
+    let a = gpu.new_stream().unwrap();
+    let b = gpu.new_stream().unwrap();
+    a.wait(&ready).unwrap();
+    b.wait(&ready).unwrap();
+    let mut ea = a.alloc_zeros::<u64>(2).unwrap();
+    let mut eb = b.alloc_zeros::<u64>(2).unwrap();
+    let n = THREADS / 2;
+    w.churn(&a, &heap, n, 32, 1, (8, 4096), &mut ea).unwrap();
+    w.churn(&b, &heap, n, 32, 2, (8, 65536), &mut eb).unwrap();
+    let (ra, rb) = (a.clone_dtoh(&ea).unwrap(), b.clone_dtoh(&eb).unwrap());
+    assert_eq!((ra[0], rb[0]), (0, 0), "corrupted patterns");
+    stream.wait(&a.record_event(None).unwrap()).unwrap();
+    stream.wait(&b.record_event(None).unwrap()).unwrap();
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!((s.live_blocks(), s.used_bytes), (0, 0), "{s:?}");
+    assert_eq!(s.mallocs, s.frees);
+    assert_eq!(s.failed_allocations, ra[1] + rb[1]);
+    assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, heap.capacity());
+}
+
+#[test]
+fn double_and_foreign_frees_are_counted_and_harmless() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let heap = Heap::new(&gpu, &stream, 256 << 20).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let n = 1 << 16;
+    let sizes: Vec<u32> = (0..n).map(|i| if i % 2 == 0 { 48 } else { 8192 }).collect();
+    let d_sizes = stream.clone_htod(&sizes).unwrap();
+    let mut ptrs = stream.alloc_zeros::<u64>(n).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 5).unwrap();
+    let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
+    assert!(host_ptrs.iter().all(|&p| p != 0));
+    // Free everything, then free it all again.
+    w.free(&stream, &heap, &ptrs).unwrap();
+    w.free(&stream, &heap, &ptrs).unwrap();
+    // Foreign pointers: outside the heap, inside a block, inside the metadata, and null.
+    let data = heap.base() + heap.geometry().data_offset;
+    let foreign = stream
+        .clone_htod(&[0x1000u64, data - 64, host_ptrs[0] + 8, host_ptrs[1] + 4096, data + heap.capacity(), 0])
+        .unwrap();
+    w.free(&stream, &heap, &foreign).unwrap();
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!(s.double_frees + s.invalid_frees, n as u64 + 5, "{s:?}");
+    // Every large block's second free is recognised as a double free (its table entry is clear).
+    assert!(s.double_frees >= n as u64 / 2, "{s:?}");
+    assert_eq!((s.live_blocks(), s.used_bytes), (0, 0));
+    // The heap still works, completely.
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 6).unwrap();
+    let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+    w.check_free(&stream, &heap, &ptrs, &d_sizes, 6, true, &mut errors).unwrap();
+    assert_eq!(stream.clone_dtoh(&errors).unwrap()[0], 0);
+    assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, heap.capacity());
+}
+
+#[test]
+fn vec_grows_in_every_thread() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let heap = Heap::new(&gpu, &stream, 1 << 30).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let len = 100u32;
+    let mut out = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
+    w.vec_push(&stream, &mut out, len).unwrap();
+    let out = stream.clone_dtoh(&out).unwrap();
+    for (i, &sum) in out.iter().enumerate() {
+        let expect: u64 = (0..len as u64).map(|k| i as u64 * 1000 + k).sum();
+        assert_eq!(sum, expect, "thread {i}");
+    }
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!((s.live_blocks(), s.used_bytes), (0, 0));
+    assert!(s.mallocs >= THREADS);
+}
+
+#[test]
+fn zero_and_oversized_requests_return_null() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let heap = Heap::new(&gpu, &stream, 64 << 20).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let d_sizes = stream.clone_htod(&[0u32, (128 << 20) + 1, u32::MAX]).unwrap();
+    let mut ptrs = stream.alloc_zeros::<u64>(3).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 0).unwrap();
+    assert_eq!(stream.clone_dtoh(&ptrs).unwrap(), [0, 0, 0]);
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!(s.failed_allocations, 2, "malloc(0) is not a failure; the two oversized are");
+}
