@@ -4,10 +4,12 @@
 #   ./run.sh sanitize   the same under compute-sanitizer memcheck and racecheck
 #   ./run.sh host [ARGS] the stress harness
 #   ./run.sh bench [ARGS] every criterion bench binary
-#   ./run.sh all        host, tests, sanitize
+#   ./run.sh example    the example user kernel crate (examples/vec-kernel)
+#   ./run.sh all        host, example, tests, sanitize
 # Logs go to $LOGS (default: ./logs).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+export TOGA_HOST_BIN="$here/host"
 logs=${LOGS:-$here/logs}
 mkdir -p "$logs"
 status=0
@@ -30,7 +32,8 @@ case "${1:-all}" in
     for b in "$here"/benches/*; do
       "$b" --bench "$@" 2>&1 | tee "$logs/$(basename "$b").log" || status=1
     done ;;
-  all) "$0" host; status=$?; "$0" tests || status=1; "$0" sanitize || status=1 ;;
+  example) "$here/vec-kernel-example" 2>&1 | tee "$logs/example.log"; status=${PIPESTATUS[0]} ;;
+  all) "$0" host; status=$?; "$0" example || status=1; "$0" tests || status=1; "$0" sanitize || status=1 ;;
   *) echo "usage: $0 [tests|sanitize|host|bench|all]"; exit 2 ;;
 esac
 exit $status

@@ -236,7 +236,7 @@ impl Heap {
             used_bytes: word(offset_of!(HeapHeader, used)),
             used_high: word(offset_of!(HeapHeader, used_high)),
             live_per_class: (0..NUM_CLASSES)
-                .map(|c| (SizeClass::from_index(c).size(), sums[stat::LIVE_CLASS0 + c]))
+                .map(|c| (SizeClass::ALL[c].size(), sums[stat::LIVE_CLASS0 + c]))
                 .collect(),
             live_large: sums[stat::LIVE_LARGE],
             mallocs: sums[stat::MALLOCS],
@@ -281,6 +281,12 @@ impl Drop for Heap {
             let _ = sys::cuMemPoolDestroy(self.pool);
         }
     }
+}
+
+/// Check a heap size without a GPU: zero, below one chunk and above toga's largest heap are
+/// rejected here; [`Heap::new`] also rejects sizes above the device's free memory.
+pub fn check_heap_size(bytes: u64) -> Result<()> {
+    Geometry::allocation_bytes(bytes, 1).map(|_| ()).map_err(|e| geometry_error(e, bytes))
 }
 
 fn geometry_error(e: GeometryError, requested: u64) -> Error {

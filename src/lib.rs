@@ -6,11 +6,13 @@
 //! [`Error::NoDriver`] at run time.
 
 pub mod error;
-// INTEGRATION: pub mod heap; pub mod workload;
+pub mod heap;
+pub mod workload;
 pub mod gpu;
 
 pub use error::{Error, Result};
 pub use gpu::{DeviceInfo, Gpu, GpuOptions, device_count};
+pub use heap::{Heap, HeapBuilder, HeapStats};
 
 /// The PTX of `kernels/`, for `sm_70` unless `TOGA_PTX_ARCH` said otherwise at build time.
 /// A readable copy is written to `target/ptx/toga_kernels.ptx`.

@@ -206,12 +206,9 @@ impl Builder {
         ] {
             cmd.env_remove(var);
         }
-        let rustflags = [
-            format!("-Ctarget-cpu={arch}"),
-            format!("-Ctarget-feature=+ptx{}", self.ptx_version),
-            "-Cdebuginfo=0".to_owned(),
-        ]
-        .join("\x1f");
+        // The PTX ISA version is the linker's business (`llc -mattr=+ptxNN`): rustc's own
+        // `+ptxNN` target feature is unstable and changes nothing in the bitcode we use.
+        let rustflags = [format!("-Ctarget-cpu={arch}"), "-Cdebuginfo=0".to_owned()].join("\x1f");
         cmd.env("CARGO_ENCODED_RUSTFLAGS", rustflags)
             .env("CARGO_PROFILE_RELEASE_LTO", "fat")
             .env("CARGO_PROFILE_RELEASE_PANIC", "abort")

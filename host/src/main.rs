@@ -84,6 +84,10 @@ fn main() -> ExitCode {
 /// Ok(true) when everything verified.
 fn run(cli: &Cli) -> toga::Result<bool> {
     let command = cli.command.unwrap_or(Command::Stress);
+    // Sizes that can never work are refused before touching the GPU.
+    if let Some(bytes) = cli.heap_size {
+        toga::heap::check_heap_size(bytes)?;
+    }
     // Only the bench needs CUDA's own malloc heap, which must be sized before the module loads.
     let options = match command {
         Command::Bench => bench::gpu_options(cli.threads),
@@ -127,7 +131,7 @@ fn info(gpu: &Gpu, heap_size: u64) -> toga::Result<()> {
         g.data_offset
     );
     let classes: Vec<String> = (0..toga_kernels::size_class::NUM_CLASSES)
-        .map(|c| toga_kernels::size_class::SizeClass::from_index(c).size().to_string())
+        .map(|c| toga_kernels::size_class::SizeClass::ALL[c].size().to_string())
         .collect();
     println!(
         "size classes (UAlloc, bytes): {}; larger requests: TBuddy blocks of 4 KiB << order",

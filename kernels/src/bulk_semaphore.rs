@@ -1,1 +1,450 @@
-//! (being written)
+//! The bulk semaphore: a counting semaphore that lets exactly as many threads refill a pool as
+//! the demand needs (Gelado & Garland, PPoPP 2019, Algorithm 1), with its hot path on one
+//! `fetch_add`.
+//!
+//! Three counters live in one 64-bit word (INV(SEM1)):
+//!
+//! ```text
+//!  63                  38 37               19 18                0
+//! ┌──────────────────────┬───────────────────┬──────────────────┐
+//! │ C: available (26 b,  │ E: expected (19 b)│ R: reserved (19 b)│
+//! │    two's complement) │ promised refills  │ spinning waiters  │
+//! └──────────────────────┴───────────────────┴──────────────────┘
+//!  fast path: fetch_add(-(n << C_SHIFT))  — a borrow out of bit 63 is simply lost
+//! ```
+//!
+//! All-zero is a valid empty semaphore (`new(0)`), so zeroed device memory needs no init.
+//!
+//! # `wait(n, batch)`
+//! 1. Fast path: subtract `n` from C with one add. If the old C was `>= n` the units are ours.
+//!    Otherwise add `n` back (INV(SEM3)) and take the slow path.
+//! 2. Slow path (CAS on the word, decisions on one consistent snapshot):
+//!    - `C + E - R < n`: demand exceeds supply plus promised refills: `E += batch - n`, return
+//!      [`Wait::MustRefill`]. The caller creates `batch` units, keeps `n`, and then calls
+//!      `signal(batch - n, batch - n)`, or `retract(batch - n)` if it could not (INV(SEM4)).
+//!    - else if `C >= n`: `C -= n`, [`Wait::Acquired`].
+//!    - else `R += n` and spin (with back-off) while `C < n && R <= C + E`, then `R -= n` and
+//!      start over (INV(SEM5), INV(SEM6)).
+//!
+//! The paper prints "C ≥ I" for the second test (a typo for N) and spins while `R < C + E`;
+//! with the waiter's own reservation counted in R that stops a waiter whose reservation is
+//! exactly covered, and it would reserve again at once without any state change (a livelock),
+//! so we spin while `R <= C + E`.
+//!
+//! Out of memory never hangs: a waiter spins only while promised refills cover every
+//! reservation; once refills are retracted (or none is in flight, `E == 0`) the reservations
+//! exceed the supply, the waiters leave, and the next pass makes one of them a refiller, whose
+//! refill fails and returns `None` to its caller.
+//!
+//! # Invariants (`docs/invariants.md`)
+//! - SEM1: C, E, R live in one word as drawn; all-zero is the empty semaphore.
+//! - SEM2: `E <= MAX_EXPECTED`, `R <= MAX_RESERVED`, `0 <= C <= MAX_AVAILABLE` (real count).
+//!   `wait` grows E and R only by CAS, which backs off instead of passing the bound (`promise`
+//!   adds to E directly; its caller keeps the bound); they shrink only by amounts the same
+//!   thread added, so no add borrows or carries between fields. C's bound is the pool's duty.
+//! - SEM3: the C field may read below the real count by the deductions of fast paths that
+//!   failed and have not rolled back yet (at most the sum of their n). Decisions treat those as
+//!   demand: the deducting threads take the slow path next.
+//! - SEM4: every [`Wait::MustRefill`] added `batch - n` to E and is answered by exactly one
+//!   `signal(batch - n, batch - n)` or `retract(batch - n)`; so is every `promise(e)` (with
+//!   `e`): E is the sum of open promises.
+//! - SEM5: R is the sum of n over waiters inside the spin loop.
+//! - SEM6: a waiter spins only while `C < n && R <= C + E`; promises in flight then cover all
+//!   reservations, and every promise ends (signal or retract) without waiting on this
+//!   semaphore (a refiller must not wait on the semaphore it promised to), so every spin ends.
+//! - SEM7: units are published with release (`signal`, `release`) and taken with acquire
+//!   (`wait`, `try_wait`): what a producer wrote before signalling is visible to the taker.
+//!
+//! No false starvation: with equal n for all waiters of a semaphore, a waiter gives up (refills
+//! and fails) only when every unit and every promise is spoken for by other waiters, so with K
+//! units and 2K one-unit requests exactly K succeed.
+
+use crate::platform::{self, Atomic64, Backoff};
+
+/// Bit position of R (units reserved by spinning waiters).
+pub const R_SHIFT: u32 = 0;
+/// Width of R.
+pub const R_BITS: u32 = 19;
+/// Bit position of E (units promised by refilling threads).
+pub const E_SHIFT: u32 = R_SHIFT + R_BITS;
+/// Width of E.
+pub const E_BITS: u32 = 19;
+/// Bit position of C (available units): the top of the word, so that a fast-path subtraction
+/// that goes below zero borrows out of bit 63 and disturbs neither E nor R.
+pub const C_SHIFT: u32 = E_SHIFT + E_BITS;
+/// Width of C, sign bit included.
+pub const C_BITS: u32 = 64 - C_SHIFT;
+
+/// Largest R (and so the largest total of reservations). Reaching it makes new waiters back off
+/// instead of reserving (INV(SEM2)).
+pub const MAX_RESERVED: u32 = (1 << R_BITS) - 1;
+/// Largest E. A refill that would pass it backs off until promises settle (INV(SEM2)).
+pub const MAX_EXPECTED: u32 = (1 << E_BITS) - 1;
+/// Largest number of units C may hold. The sign bit keeps the room for transient fast-path
+/// deductions (INV(SEM3)); the pool that uses a semaphore must never hold more than this.
+pub const MAX_AVAILABLE: u32 = (1 << (C_BITS - 1)) - 1;
+
+const R_MASK: u64 = (MAX_RESERVED as u64) << R_SHIFT;
+const E_MASK: u64 = (MAX_EXPECTED as u64) << E_SHIFT;
+
+const _: () = assert!(R_SHIFT + R_BITS == E_SHIFT && E_SHIFT + E_BITS == C_SHIFT);
+const _: () = assert!(C_SHIFT + C_BITS == 64 && C_BITS >= 2);
+const _: () = assert!(R_MASK & E_MASK == 0);
+// INV(SEM3): transient deductions are bounded like reservations (waiters in flight times their
+// n); C's negative half must hold them next to a full C without wrapping.
+const _: () = assert!(MAX_AVAILABLE as u64 >= 2 * MAX_RESERVED as u64);
+
+/// What [`BulkSemaphore::wait`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// `n` units were taken from C.
+    Acquired,
+    /// The caller promised a refill (`E += batch - n` was done): it must create `batch` units,
+    /// keep `n`, and then call `signal(batch - n, batch - n)`, or `retract(batch - n)` when the
+    /// refill fails (INV(SEM4)).
+    MustRefill,
+}
+
+/// A snapshot of the word, with C sign-extended (INV(SEM1)).
+#[derive(Clone, Copy, Debug)]
+struct Counters {
+    c: i64,
+    e: i64,
+    r: i64,
+}
+
+impl Counters {
+    #[inline(always)]
+    fn unpack(word: u64) -> Self {
+        Self {
+            // Arithmetic shift: C is the signed top field.
+            c: (word as i64) >> C_SHIFT,
+            e: ((word & E_MASK) >> E_SHIFT) as i64,
+            r: ((word & R_MASK) >> R_SHIFT) as i64,
+        }
+    }
+}
+
+#[inline(always)]
+const fn c_units(n: u32) -> u64 {
+    (n as u64) << C_SHIFT
+}
+#[inline(always)]
+const fn e_units(n: u32) -> u64 {
+    (n as u64) << E_SHIFT
+}
+#[inline(always)]
+const fn r_units(n: u32) -> u64 {
+    (n as u64) << R_SHIFT
+}
+
+/// A bulk semaphore (see the module doc). 8 bytes; zeroed memory is `new(0)`.
+#[repr(C)]
+pub struct BulkSemaphore {
+    /// C, E and R packed as in the module diagram. INV(SEM1): every update is one atomic
+    /// operation on this word; INV(SEM2): no update carries or borrows from one field into the
+    /// next, except a borrow out of C (bit 63), which is lost.
+    word: Atomic64,
+}
+
+impl BulkSemaphore {
+    /// A semaphore holding `available` units (`available <= MAX_AVAILABLE`).
+    pub fn new(available: u32) -> Self {
+        debug_assert!(available <= MAX_AVAILABLE);
+        Self {
+            word: Atomic64::new(c_units(available)),
+        }
+    }
+
+    /// Take `n` units, or become the refiller of a batch of `batch` units (`batch >= n`).
+    /// See [`Wait`]. Spins (with back-off) only while refills in flight cover the demand, so it
+    /// never hangs when a refill fails (INV(SEM6)).
+    #[inline]
+    pub fn wait(&self, n: u32, batch: u32) -> Wait {
+        debug_assert!(n <= batch && n <= MAX_RESERVED && batch - n <= MAX_EXPECTED);
+        if n == 0 {
+            return Wait::Acquired;
+        }
+        // INV(SEM7): acquire pairs with the release in `signal`/`release` that published the units.
+        let old = self.word.fetch_add_acquire(c_units(n).wrapping_neg());
+        if Counters::unpack(old).c >= n as i64 {
+            return Wait::Acquired;
+        }
+        // INV(SEM3): C was short; give the units back before deciding anything.
+        self.word.fetch_add_relaxed(c_units(n));
+        self.wait_slow(n, batch)
+    }
+
+    /// The slow path of `wait`: Algorithm 1 on a CAS loop.
+    #[cold]
+    fn wait_slow(&self, n: u32, batch: u32) -> Wait {
+        let need = n as i64;
+        let mut backoff = Backoff::new();
+        let mut word = self.word.load_relaxed();
+        loop {
+            let s = Counters::unpack(word);
+            // INV(SEM3): C may be below the real count by the deductions of fast paths that
+            // failed and have not rolled back yet; those threads come here next, so their
+            // deductions count as demand, like reservations.
+            if s.c + s.e - s.r < need {
+                // Demand exceeds supply + promises: become a refiller (INV(SEM4)).
+                if s.e + (batch - n) as i64 > MAX_EXPECTED as i64 {
+                    // INV(SEM2): E is full; let promises settle instead of overflowing.
+                    backoff.snooze();
+                    word = self.word.load_relaxed();
+                    continue;
+                }
+                // Acq_rel: a CAS in the slow path; nothing to publish, the acquire half keeps
+                // this decision after the loads that led to it.
+                match self
+                    .word
+                    .compare_exchange_acq_rel(word, word + e_units(batch - n))
+                {
+                    Ok(_) => return Wait::MustRefill,
+                    Err(now) => word = now,
+                }
+            } else if s.c >= need {
+                // INV(SEM7): the acquire half pairs with the release in `signal`/`release`.
+                match self
+                    .word
+                    .compare_exchange_acq_rel(word, word.wrapping_sub(c_units(n)))
+                {
+                    Ok(_) => return Wait::Acquired,
+                    Err(now) => word = now,
+                }
+            } else {
+                if s.r + need > MAX_RESERVED as i64 {
+                    // INV(SEM2): R is full; spin without reserving.
+                    backoff.snooze();
+                    word = self.word.load_relaxed();
+                    continue;
+                }
+                match self.word.compare_exchange_relaxed(word, word + r_units(n)) {
+                    Ok(_) => {
+                        self.spin_reserved(need, &mut backoff);
+                        // INV(SEM5): drop the reservation before the next decision.
+                        word = self.word.fetch_sub_relaxed(r_units(n)) - r_units(n);
+                    }
+                    Err(now) => word = now,
+                }
+            }
+        }
+    }
+
+    /// Spin while the units are not there yet but promised refills cover every reservation
+    /// (ours included): INV(SEM6).
+    fn spin_reserved(&self, need: i64, backoff: &mut Backoff) {
+        loop {
+            let s = Counters::unpack(self.word.load_relaxed());
+            if s.c >= need || s.r > s.c + s.e {
+                return;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Add `n` units and settle a promise of `expected` (`E -= expected`): the end of a
+    /// successful refill (`signal(batch - n, batch - n)` after [`Wait::MustRefill`]).
+    #[inline]
+    pub fn signal(&self, n: u32, expected: u32) {
+        debug_assert!(Counters::unpack(self.word.load_relaxed()).e >= expected as i64);
+        // INV(SEM2): E >= expected (this thread added it), so the E subtraction never borrows.
+        // INV(SEM7): release pairs with the acquire in `wait`/`try_wait` of whoever takes them.
+        self.word
+            .fetch_add_release(c_units(n).wrapping_sub(e_units(expected)));
+    }
+
+    /// Withdraw a promise of `expected` units (`E -= expected`): a refill that failed. Waiters
+    /// that counted on it notice and retry (INV(SEM6)).
+    #[inline]
+    pub fn retract(&self, expected: u32) {
+        debug_assert!(Counters::unpack(self.word.load_relaxed()).e >= expected as i64);
+        // Relaxed: no units are published; spinners see the new E eventually.
+        self.word.fetch_sub_relaxed(e_units(expected));
+    }
+
+    /// Promise `expected` units without waiting (`E += expected`): for a producer that decided
+    /// on its own to make units (TBuddy's merge announces the merged block one order up, so the
+    /// pages in transit are never invisible to a waiter). Answered, like a `MustRefill`, by one
+    /// `signal(_, expected)` or `retract(expected)` (INV(SEM4)). The caller keeps E within
+    /// `MAX_EXPECTED` (one open promise per thread and semaphore is always within it).
+    #[inline]
+    pub fn promise(&self, expected: u32) {
+        debug_assert!(
+            Counters::unpack(self.word.load_relaxed()).e + expected as i64 <= MAX_EXPECTED as i64
+        );
+        // Relaxed: publishes nothing; waiters that see it spin for the units instead of failing.
+        self.word.fetch_add_relaxed(e_units(expected));
+    }
+
+    /// Return `n` units (`C += n`): `signal(n, 0)`.
+    #[inline]
+    pub fn release(&self, n: u32) {
+        self.signal(n, 0)
+    }
+
+    /// Take `n` units only if C holds them now; never refills, never spins.
+    ///
+    /// A CAS, so it makes no transient deduction itself, but it reads C as the fast paths
+    /// leave it: while some `wait` is between its deduction and its roll-back (INV(SEM3)) it can
+    /// fail although the units exist. Callers that must know (the TBuddy merge) re-check.
+    #[inline]
+    pub fn try_wait(&self, n: u32) -> bool {
+        let mut word = self.word.load_relaxed();
+        loop {
+            if Counters::unpack(word).c < n as i64 {
+                return false;
+            }
+            // INV(SEM7): the acquire half pairs with the release in `signal`/`release`.
+            match self
+                .word
+                .compare_exchange_acq_rel(word, word.wrapping_sub(c_units(n)))
+            {
+                Ok(_) => return true,
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// [`wait`](Self::wait) for a warp: the lanes that call it on the same semaphore (grouped
+    /// with `match.any` on its address) take their units with ONE fast-path add made by the
+    /// group's leader; lanes the fast path could not serve fall back to the slow path each on
+    /// its own, so the group may end up part `Acquired`, part `MustRefill`.
+    ///
+    /// Rules: every lane of a group passes the same `n` and `batch` (checked in debug builds).
+    /// Convergence: call it from straight-line code that every currently active lane reaches
+    /// (it takes `active_mask()` and then `match_any`/`shfl` over subsets of it, so a lane that
+    /// branched away between the mask and the collectives is undefined behaviour). Lanes that
+    /// are not active when it is called simply form other groups. On the host and under loom a
+    /// warp is one lane and this is `wait`.
+    pub fn wait_collective(&self, n: u32, batch: u32) -> Wait {
+        let mask = platform::active_mask();
+        let group = platform::match_any(mask, self as *const Self as u64);
+        let leader = platform::leader_of(group);
+        let lane = platform::lane_id();
+        debug_assert_eq!(platform::shfl_idx_u32(group, n, leader), n);
+        let mut served = 0;
+        if lane == leader {
+            served = self.take_up_to(n, group.count_ones());
+        }
+        served = platform::shfl_idx_u32(group, served, leader);
+        if platform::rank_in(group, lane) < served {
+            Wait::Acquired
+        } else {
+            self.wait_slow(n, batch)
+        }
+    }
+
+    /// The group fast path: take `n` units for as many of `lanes` lanes as C covers, with one
+    /// add and at most one roll-back. Returns the number of lanes served.
+    fn take_up_to(&self, n: u32, lanes: u32) -> u32 {
+        if n == 0 {
+            return lanes;
+        }
+        let total = n * lanes;
+        // INV(SEM7): acquire pairs with the release in `signal`/`release`.
+        let old = self.word.fetch_add_acquire(c_units(total).wrapping_neg());
+        let c = Counters::unpack(old).c;
+        let served = if c <= 0 {
+            0
+        } else {
+            (c / n as i64).min(lanes as i64) as u32
+        };
+        let unused = total - served * n;
+        if unused > 0 {
+            // INV(SEM3): give back what the lanes that were not served deducted.
+            self.word.fetch_add_relaxed(c_units(unused));
+        }
+        served
+    }
+
+    /// C as a relaxed snapshot (0 while transient deductions exceed it).
+    pub fn available(&self) -> u32 {
+        self.counters().0
+    }
+
+    /// `(C, E, R)` as a relaxed snapshot, for tests and statistics (C clamped at 0).
+    pub fn counters(&self) -> (u32, u32, u32) {
+        let s = Counters::unpack(self.word.load_relaxed());
+        (s.c.max(0) as u32, s.e as u32, s.r as u32)
+    }
+}
+
+impl Default for BulkSemaphore {
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_word_is_empty() {
+        let s = BulkSemaphore::new(0);
+        assert_eq!(s.counters(), (0, 0, 0));
+        assert_eq!(s.word.load_relaxed(), 0);
+    }
+
+    #[test]
+    fn wait_refill_signal_single_thread() {
+        let s = BulkSemaphore::new(0);
+        assert_eq!(s.wait(1, 4), Wait::MustRefill);
+        assert_eq!(s.counters(), (0, 3, 0));
+        s.signal(3, 3);
+        assert_eq!(s.counters(), (3, 0, 0));
+        for _ in 0..3 {
+            assert_eq!(s.wait(1, 4), Wait::Acquired);
+        }
+        assert_eq!(s.counters(), (0, 0, 0));
+        assert_eq!(s.wait(2, 2), Wait::MustRefill);
+        s.retract(0);
+        assert_eq!(s.counters(), (0, 0, 0));
+    }
+
+    #[test]
+    fn try_wait_and_release() {
+        let s = BulkSemaphore::new(2);
+        assert!(s.try_wait(2));
+        assert!(!s.try_wait(1));
+        s.release(1);
+        assert!(!s.try_wait(2));
+        assert!(s.try_wait(1));
+        assert_eq!(s.available(), 0);
+    }
+
+    #[test]
+    fn fast_path_failure_rolls_back() {
+        let s = BulkSemaphore::new(1);
+        assert_eq!(s.wait(2, 2), Wait::MustRefill);
+        assert_eq!(s.counters(), (1, 0, 0));
+        s.retract(0);
+        assert_eq!(s.wait(1, 2), Wait::Acquired);
+        assert_eq!(s.counters(), (0, 0, 0));
+    }
+
+    #[test]
+    fn collective_on_one_lane_is_wait() {
+        let s = BulkSemaphore::new(1);
+        assert_eq!(s.wait_collective(1, 2), Wait::Acquired);
+        assert_eq!(s.wait_collective(1, 2), Wait::MustRefill);
+        assert_eq!(s.counters(), (0, 1, 0));
+        s.signal(1, 1);
+        assert_eq!(s.counters(), (1, 0, 0));
+    }
+
+    #[test]
+    fn fields_do_not_interfere_at_their_bounds() {
+        let s = BulkSemaphore::new(MAX_AVAILABLE);
+        assert_eq!(s.counters(), (MAX_AVAILABLE, 0, 0));
+        assert_eq!(s.wait(MAX_RESERVED, MAX_RESERVED), Wait::Acquired);
+        assert!(s.try_wait(MAX_AVAILABLE - MAX_RESERVED));
+        assert_eq!(s.counters(), (0, 0, 0));
+        // A refiller promising the most E can hold.
+        assert_eq!(s.wait(1, MAX_EXPECTED + 1), Wait::MustRefill);
+        assert_eq!(s.counters(), (0, MAX_EXPECTED, 0));
+        s.signal(MAX_EXPECTED, MAX_EXPECTED);
+        assert_eq!(s.counters(), (MAX_EXPECTED, 0, 0));
+    }
+}

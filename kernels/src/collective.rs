@@ -1,1 +1,238 @@
-//! (being written)
+//! Collective synchronization: lane groups and the collective mutex.
+//!
+//! A [`Group`] is the set of lanes of one warp that are active at the same call site and pass
+//! the same key (`match.any`); its lowest lane is the leader. UAlloc groups lanes that ask for
+//! the same size class, or the same bin kind, so that one lane does the group's atomics.
+//!
+//! A [`CollectiveMutex`] lets a whole group enter a critical section with ONE lock
+//! acquisition:
+//!
+//! ```text
+//!   lanes of the group      leader                       word `inside`
+//!   ──────────────────      ──────────────────────────   ─────────────────────────────
+//!   lock(&group)       ──►  CAS 0 → group.size()          0 ──► k   (spin with back-off)
+//!                           bar.warp.sync(group)  ◄── every member waits here
+//!   ... critical section, each member on its own ...
+//!   unlock()                each member: fetch_sub 1       k ──► … ──► 0: released by the last
+//! ```
+//!
+//! Members may leave in any order and at different times (independent thread scheduling):
+//! the lock is free when the last member has left. The word counts members inside, so zeroed
+//! memory is an unlocked mutex.
+//!
+//! # Convergence rules
+//! - [`Group::of`] reads `activemask` and calls `match.any.sync` on it: every lane that is
+//!   active at the call must reach it (straight-line code right after the mask).
+//! - Every other collective here ([`Group::broadcast_u32`], [`Group::broadcast_u64`],
+//!   [`Group::sync`], [`CollectiveMutex::lock`]) must be called by every lane of the group,
+//!   with the same group, the same number of times: keep the control flow between them
+//!   uniform over the group (branch only on values every member got from a broadcast).
+//! - On the host and under loom a warp is one lane: every group is `{lane 0}`.
+
+use crate::platform::{self, Atomic32, Backoff};
+
+/// Lanes of one warp that act together. Copy it freely; it is two words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    mask: u32,
+    lane: u32,
+}
+
+impl Group {
+    /// The lanes active here whose `key` equals this lane's. Convergence: see the module doc.
+    #[inline(always)]
+    pub fn of(key: u64) -> Self {
+        let active = platform::active_mask();
+        Self { mask: platform::match_any(active, key), lane: platform::lane_id() }
+    }
+
+    /// This lane alone (a group of one; every collective on it is trivial).
+    #[inline(always)]
+    pub fn single() -> Self {
+        let lane = platform::lane_id();
+        Self { mask: 1 << lane, lane }
+    }
+
+    /// The lanes of the group.
+    #[inline(always)]
+    pub fn mask(&self) -> u32 {
+        self.mask
+    }
+
+    /// Number of lanes.
+    #[inline(always)]
+    pub fn size(&self) -> u32 {
+        self.mask.count_ones()
+    }
+
+    /// This lane's rank: the number of group lanes below it (the leader has rank 0).
+    #[inline(always)]
+    pub fn rank(&self) -> u32 {
+        platform::rank_in(self.mask, self.lane)
+    }
+
+    /// The leader's lane (the lowest lane of the group).
+    #[inline(always)]
+    pub fn leader(&self) -> u32 {
+        platform::leader_of(self.mask)
+    }
+
+    /// Whether this lane leads the group.
+    #[inline(always)]
+    pub fn is_leader(&self) -> bool {
+        self.lane == self.leader()
+    }
+
+    /// Whether this lane is alone in its group.
+    #[inline(always)]
+    pub fn is_single(&self) -> bool {
+        self.mask == 1 << self.lane
+    }
+
+    /// The leader's `value`, on every lane. Collective (module doc).
+    #[inline(always)]
+    pub fn broadcast_u32(&self, value: u32) -> u32 {
+        if self.is_single() {
+            return value;
+        }
+        platform::shfl_idx_u32(self.mask, value, self.leader())
+    }
+
+    /// The leader's `value`, on every lane. Collective (module doc).
+    #[inline(always)]
+    pub fn broadcast_u64(&self, value: u64) -> u64 {
+        if self.is_single() {
+            return value;
+        }
+        platform::shfl_idx_u64(self.mask, value, self.leader())
+    }
+
+    /// Wait for every lane of the group; orders their memory accesses among themselves.
+    /// Collective (module doc).
+    #[inline(always)]
+    pub fn sync(&self) {
+        if !self.is_single() {
+            platform::sync_warp(self.mask);
+        }
+    }
+}
+
+/// A mutex that a [`Group`] takes with one acquisition (see the module doc). 4 bytes; zeroed
+/// memory is unlocked.
+#[repr(C)]
+pub struct CollectiveMutex {
+    /// Members inside the critical section; 0 = unlocked (INV(CM1)).
+    inside: Atomic32,
+}
+
+impl CollectiveMutex {
+    /// An unlocked mutex (all-zero).
+    pub fn new() -> Self {
+        Self { inside: Atomic32::new(0) }
+    }
+
+    /// Collective lock: every lane of `group` calls it; when it returns, all of them are
+    /// inside, and each must call [`unlock`](Self::unlock) once. Spins with back-off.
+    pub fn lock(&self, group: &Group) {
+        if group.is_leader() {
+            self.acquire(group.size());
+        }
+        // INV(CM2): bar.warp.sync orders the leader's acquire before every member's accesses.
+        group.sync();
+    }
+
+    /// Lock for this lane alone.
+    #[inline]
+    pub fn lock_single(&self) {
+        self.acquire(1);
+    }
+
+    /// Leave the critical section; the last member to leave unlocks. Returns whether this was
+    /// the last member.
+    #[inline]
+    pub fn unlock(&self) -> bool {
+        // Release: this member's critical-section accesses happen before the next holder's
+        // acquire CAS, which reads the value the last member's decrement wrote (the decrements
+        // form one release sequence).
+        let old = self.inside.fetch_sub_acq_rel(1);
+        debug_assert!(old > 0, "unlock of an unlocked CollectiveMutex");
+        old == 1
+    }
+
+    /// Lock on behalf of `members` members (the leader's half of [`lock`](Self::lock)); each
+    /// member then calls [`unlock`](Self::unlock) once.
+    pub fn acquire(&self, members: u32) {
+        debug_assert!(members > 0);
+        let mut backoff = Backoff::new();
+        while !self.try_acquire(members) {
+            backoff.snooze();
+        }
+    }
+
+    /// One attempt at [`acquire`](Self::acquire).
+    #[inline]
+    pub fn try_acquire(&self, members: u32) -> bool {
+        // One CAS, no test-and-test-and-set: the CAS always reads the newest value, so a
+        // waiter that backs off between tries cannot spin on a stale load. These locks guard
+        // rare paths (list surgery), so the CAS traffic stays low.
+        // Acquire half pairs with the release in `unlock` of the previous holders.
+        self.inside.compare_exchange_acq_rel(0, members).is_ok()
+    }
+
+    /// Whether anyone is inside (a snapshot, for assertions).
+    pub fn is_locked(&self) -> bool {
+        self.inside.load_relaxed() != 0
+    }
+}
+
+impl Default for CollectiveMutex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_group_is_one_lane() {
+        let g = Group::of(42);
+        assert!(g.is_single() && g.is_leader());
+        assert_eq!((g.size(), g.rank()), (1, 0));
+        assert_eq!(g.broadcast_u64(7), 7);
+    }
+
+    #[test]
+    fn last_member_unlocks() {
+        let m = CollectiveMutex::new();
+        m.acquire(3);
+        assert!(!m.try_acquire(1));
+        assert!(!m.unlock());
+        assert!(!m.unlock());
+        assert!(m.is_locked());
+        assert!(m.unlock());
+        assert!(!m.is_locked());
+        m.lock(&Group::single());
+        assert!(m.unlock());
+    }
+
+    #[test]
+    fn mutual_exclusion_with_threads() {
+        let m = CollectiveMutex::new();
+        let inside = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        m.lock_single();
+                        assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        m.unlock();
+                    }
+                });
+            }
+        });
+        assert!(!m.is_locked());
+    }
+}

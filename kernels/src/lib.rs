@@ -17,14 +17,14 @@
 
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
-#[cfg(any())] // INTEGRATION
+#[cfg(all(target_arch = "nvptx64", feature = "harness"))]
 extern crate alloc;
 
 pub mod platform;
 
 pub mod bulk_semaphore;
 pub mod collective;
-// INTEGRATION: pub mod heap;
+pub mod heap;
 pub mod pattern;
 pub mod rcu;
 pub mod size_class;
@@ -34,9 +34,11 @@ pub mod ualloc;
 #[cfg(target_arch = "nvptx64")]
 mod entry;
 
-// INTEGRATION: pub use heap::{Heap, Toga, calloc, free, malloc, realloc};
+pub use heap::Heap;
+#[cfg(not(loom))]
+pub use heap::{Toga, calloc, free, malloc, malloc_aligned, realloc};
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "panic-handler"))]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     platform::trap()

@@ -1,1 +1,237 @@
-//! (being written)
+//! UAlloc's size classes: powers of two from [`MIN_SIZE`] (16 B) to [`MAX_SMALL_SIZE`] (2 KB).
+//!
+//! `malloc(n)` with `n <= MAX_SMALL_SIZE` is served by UAlloc from the smallest class that holds
+//! `n`; anything larger goes to TBuddy, whose smallest block is a whole 4 KB page (so 2 KB + 1 B
+//! to 4 KB loses at most half, like every power-of-two allocator, and nothing is lost at 4 KB).
+//!
+//! Classes come in two bin kinds ([`BinKind`], geometry in [`crate::ualloc::layout`]):
+//!
+//! | class | kind | bin | slots per bin | alignment |
+//! | --- | --- | --- | --- | --- |
+//! | 16, 32, 64, 128 B | small | 4 KB page, 128 B header, 128 B tail | 4096 / size | size |
+//! | 256 B … 2 KB | large | 104,704 B (five per chunk), 128 B header | (104704 − 128) / size | 128 B |
+//!
+//! # Alignment promise
+//! Every block is aligned to `min(class size, 128 B)` ([`SizeClass::align`]): at least the
+//! 16 bytes CUDA's `malloc` promises, the class size for classes up to 128 B, and 128 B (one
+//! L2 line) for the large classes. No UAlloc block is ever 4096-aligned (INV(UA1)): that is how
+//! `free` tells UAlloc blocks from TBuddy pages.
+
+use crate::ualloc::layout::{
+    BIN_HEADER_SIZE, BITMAP_WORDS, LARGE_BIN_SIZE, MAX_SLOTS, PAGE_SIZE, TAIL_SIZE, WORD_BITS,
+};
+
+/// log2 of the smallest class.
+pub const MIN_SIZE_SHIFT: u32 = 4;
+/// The smallest class: 16 B, the alignment CUDA's device `malloc` promises.
+pub const MIN_SIZE: usize = 1 << MIN_SIZE_SHIFT;
+/// log2 of the largest class that has a tail (classes up to it use small bins).
+pub const TAIL_MAX_SHIFT: u32 = 7;
+/// log2 of [`MAX_SMALL_SIZE`].
+pub const MAX_SMALL_SHIFT: u32 = 11;
+/// The largest request UAlloc serves; larger ones go to TBuddy (whole pages).
+pub const MAX_SMALL_SIZE: usize = 1 << MAX_SMALL_SHIFT;
+/// Number of size classes.
+pub const NUM_CLASSES: usize = (MAX_SMALL_SHIFT - MIN_SIZE_SHIFT + 1) as usize;
+/// The alignment cap: large-class slots start 128 B past a 256 B boundary (INV(UA1)).
+pub const MAX_SLOT_ALIGN: usize = BIN_HEADER_SIZE;
+/// Number of bin kinds.
+pub const NUM_KINDS: usize = 2;
+
+const _: () = assert!(MIN_SIZE_SHIFT <= TAIL_MAX_SHIFT && TAIL_MAX_SHIFT < MAX_SMALL_SHIFT);
+// A tail holds whole slots of every tailed class.
+const _: () = assert!(TAIL_SIZE == 1 << TAIL_MAX_SHIFT);
+// TBuddy's smallest block is a page: UAlloc must cover everything below it.
+const _: () = assert!(2 * MAX_SMALL_SIZE == PAGE_SIZE);
+
+/// Which bin geometry a class uses (see [`crate::ualloc::layout`]). A chunk holds bins of one
+/// kind only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum BinKind {
+    /// One-page bins with a header at the page start and a 128 B tail in the chunk's reserved
+    /// pages: classes 16–128 B.
+    Small = 0,
+    /// [`LARGE_BIN_SIZE`] bins, header at the start, no tail: classes 256 B–2 KB.
+    Large = 1,
+}
+
+impl BinKind {
+    /// Both kinds, by index.
+    pub const ALL: [BinKind; NUM_KINDS] = [BinKind::Small, BinKind::Large];
+
+    /// The kind's index (`0..NUM_KINDS`).
+    #[inline(always)]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kind with index `i`, if any.
+    #[inline(always)]
+    pub const fn from_index(i: u32) -> Option<BinKind> {
+        match i {
+            0 => Some(BinKind::Small),
+            1 => Some(BinKind::Large),
+            _ => None,
+        }
+    }
+}
+
+/// A size class: index `0..NUM_CLASSES`, size `MIN_SIZE << index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SizeClass(u8);
+
+impl SizeClass {
+    /// Every class, smallest first.
+    pub const ALL: [SizeClass; NUM_CLASSES] = {
+        let mut all = [SizeClass(0); NUM_CLASSES];
+        let mut i = 0;
+        while i < NUM_CLASSES {
+            all[i] = SizeClass(i as u8);
+            i += 1;
+        }
+        all
+    };
+
+    /// The smallest class holding `size` bytes. `size` must be at most [`MAX_SMALL_SIZE`]
+    /// (checked in debug builds); 0 maps to the smallest class.
+    #[inline(always)]
+    pub const fn from_size(size: usize) -> SizeClass {
+        debug_assert!(size <= MAX_SMALL_SIZE);
+        if size <= MIN_SIZE {
+            return SizeClass(0);
+        }
+        // ceil(log2(size)) for size >= 2.
+        let shift = usize::BITS - (size - 1).leading_zeros();
+        SizeClass((shift - MIN_SIZE_SHIFT) as u8)
+    }
+
+    /// The class with index `i`, if any.
+    #[inline(always)]
+    pub const fn from_index(i: usize) -> Option<SizeClass> {
+        if i < NUM_CLASSES { Some(SizeClass(i as u8)) } else { None }
+    }
+
+    /// Index `0..NUM_CLASSES`.
+    #[inline(always)]
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// log2 of the class size.
+    #[inline(always)]
+    pub const fn shift(self) -> u32 {
+        MIN_SIZE_SHIFT + self.0 as u32
+    }
+
+    /// Block size in bytes.
+    #[inline(always)]
+    pub const fn size(self) -> usize {
+        1 << self.shift()
+    }
+
+    /// The alignment of every block of this class: `min(size, MAX_SLOT_ALIGN)`.
+    #[inline(always)]
+    pub const fn align(self) -> usize {
+        if self.size() < MAX_SLOT_ALIGN { self.size() } else { MAX_SLOT_ALIGN }
+    }
+
+    /// The bin kind this class uses.
+    #[inline(always)]
+    pub const fn kind(self) -> BinKind {
+        if self.shift() <= TAIL_MAX_SHIFT { BinKind::Small } else { BinKind::Large }
+    }
+
+    /// Slots in the bin body (after the header). For small classes the tail adds
+    /// [`tail_slots`](Self::tail_slots) more.
+    #[inline(always)]
+    pub const fn main_slots(self) -> u32 {
+        let body = match self.kind() {
+            BinKind::Small => PAGE_SIZE - BIN_HEADER_SIZE,
+            BinKind::Large => LARGE_BIN_SIZE - BIN_HEADER_SIZE,
+        };
+        (body >> self.shift()) as u32
+    }
+
+    /// Slots in the bin's tail (0 for large classes).
+    #[inline(always)]
+    pub const fn tail_slots(self) -> u32 {
+        match self.kind() {
+            BinKind::Small => (TAIL_SIZE >> self.shift()) as u32,
+            BinKind::Large => 0,
+        }
+    }
+
+    /// Slots per bin: the bulk semaphore's batch for this class.
+    #[inline(always)]
+    pub const fn slots(self) -> u32 {
+        self.main_slots() + self.tail_slots()
+    }
+
+    /// Bitmap words a bin of this class uses (`ceil(slots / 64)`).
+    #[inline(always)]
+    pub const fn bitmap_words(self) -> usize {
+        (self.slots() as usize).div_ceil(WORD_BITS)
+    }
+
+    /// Bytes a bin of this class hands out (slots × size).
+    #[inline(always)]
+    pub const fn bin_payload(self) -> usize {
+        (self.slots() as usize) << self.shift()
+    }
+}
+
+/// Lanes in the widest warp (nvptx). A group of lanes asking for one class never exceeds it.
+pub const MAX_GROUP: u32 = 32;
+
+// Every class fits the bitmap, and a whole warp asking for one class fits in one bin, so a
+// group refill takes exactly one new bin (INV(UA6)).
+const _: () = {
+    let mut i = 0;
+    while i < NUM_CLASSES {
+        let c = SizeClass(i as u8);
+        assert!(c.slots() as usize <= MAX_SLOTS);
+        assert!(c.bitmap_words() <= BITMAP_WORDS);
+        assert!(c.slots() >= MAX_GROUP);
+        i += 1;
+    }
+};
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_size_rounds_up_to_powers_of_two() {
+        assert_eq!(SizeClass::from_size(0).size(), 16);
+        assert_eq!(SizeClass::from_size(1).size(), 16);
+        assert_eq!(SizeClass::from_size(16).size(), 16);
+        assert_eq!(SizeClass::from_size(17).size(), 32);
+        assert_eq!(SizeClass::from_size(1024).size(), 1024);
+        assert_eq!(SizeClass::from_size(1025).size(), 2048);
+        assert_eq!(SizeClass::from_size(MAX_SMALL_SIZE).size(), MAX_SMALL_SIZE);
+        for size in 1..=MAX_SMALL_SIZE {
+            let c = SizeClass::from_size(size);
+            assert!(c.size() >= size && (c.index() == 0 || c.size() / 2 < size));
+        }
+    }
+
+    #[test]
+    fn index_round_trips() {
+        for (i, c) in SizeClass::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i);
+            assert_eq!(SizeClass::from_index(i), Some(*c));
+        }
+        assert_eq!(SizeClass::from_index(NUM_CLASSES), None);
+    }
+
+    #[test]
+    fn slot_counts() {
+        let slots: [u32; NUM_CLASSES] = core::array::from_fn(|i| SizeClass::ALL[i].slots());
+        assert_eq!(slots, [256, 128, 64, 32, 408, 204, 102, 51]);
+        assert_eq!(SizeClass::from_size(128).kind(), BinKind::Small);
+        assert_eq!(SizeClass::from_size(129).kind(), BinKind::Large);
+        assert_eq!(SizeClass::from_size(16).align(), 16);
+        assert_eq!(SizeClass::from_size(2048).align(), 128);
+    }
+}

@@ -108,7 +108,10 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
                 if r % 3 == 0 && !live.is_empty() {
                     let b = live.swap_remove((r as usize / 3) % live.len());
                     if r % 2 == 0 {
-                        senders[(t + 1) % THREADS].send(b).unwrap();
+                        // The neighbour may have finished already: then free it here.
+                        if let Err(mpsc::SendError(b)) = senders[(t + 1) % THREADS].send(b) {
+                            free(b);
+                        }
                     } else {
                         free(b);
                     }

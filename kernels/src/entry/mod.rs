@@ -5,12 +5,12 @@
 //! `heap` is in every module that links toga-kernels (the host needs it to bind a heap); the
 //! rest only with the `harness` feature, in toga's own PTX.
 
-// INTEGRATION: mod heap;
+mod heap;
 #[cfg(feature = "harness")]
 mod litmus;
 #[cfg(feature = "harness")]
-// INTEGRATION: mod workload;
+mod workload;
 
-#[cfg(any())]
+#[cfg(feature = "harness")]
 #[global_allocator]
 static GLOBAL: crate::Toga = crate::Toga;

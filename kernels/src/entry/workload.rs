@@ -146,7 +146,7 @@ pub unsafe extern "ptx-kernel" fn cuda_free(ptrs: *const u64, n: u64) {
     let i = tid();
     if (i as u64) < n {
         // SAFETY: kernel contract.
-        unsafe { nvptx::free(*ptrs.add(i) as *mut u8) };
+        unsafe { nvptx::free(*ptrs.add(i) as *mut core::ffi::c_void) };
     }
 }
 

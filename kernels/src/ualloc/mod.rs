@@ -1,1 +1,159 @@
-//! (being written)
+//! UAlloc: the fine-grained allocator for blocks of 16 B to 2 KB, with one arena per SM.
+//!
+//! ```text
+//!  ChunkSource (TBuddy) ──512 KB chunk──► Arena (per SM)
+//!                                          ├─ per kind:  chunk lists + bins semaphore
+//!                                          │     chunk ─┬─ bin ─┬─ slot   (small: 124 × 4 KB,
+//!                                          │            │       ├─ slot           tails)
+//!                                          │            │       └─ ...
+//!                                          │            └─ bin ...        (large: 5 × 102 KB)
+//!                                          └─ per class: bin list (SRCU) + slots semaphore
+//!
+//!  pointer p ──► chunk = p & !(CHUNK_SIZE − 1)      (ChunkHeader: magic, kind, arena)
+//!            ──► bin   = page (small) or (p − 256) / LARGE_BIN_SIZE (large); a tail maps back
+//!                        to its bin (layout::area_of)
+//!            ──► slot  = (offset in body or tail) >> class shift
+//! ```
+//!
+//! # malloc (two stages: count, then find)
+//! 1. Lanes of a warp asking for the same class in the same arena form a [`Group`]; its
+//!    leader takes `k` units from the class's slots semaphore with one `wait`.
+//! 2. `Acquired` (the fast path, [`alloc_fast`](UAlloc::alloc_group)): the leader walks the
+//!    class's bin list under the arena's SRCU and claims free bits with one `fetch_or` per
+//!    bitmap word (usually one for the whole group), broadcasting each claim to the group.
+//! 3. `MustRefill` (the slow path, `refill_bin`): the leader takes a fresh bin from the
+//!    arena's chunks (a collective over the lanes of the warp that need a bin of that kind:
+//!    one chunk-list lock, each member walks to its own free bin) or adopts a new chunk, keeps
+//!    `k` slots and signals the rest.
+//!
+//! A lone lane takes the same steps without collectives (`alloc_single`).
+//!
+//! # free
+//! Find the chunk (check its magic), enter its arena's SRCU read section, find bin and slot
+//! (check the class and the slot boundary), clear the bit. A bin that was full rejoins its
+//! list; the unit goes back to the semaphore; a bin that became empty is retired (its slots
+//! taken back from the semaphore, `used` 0 → RETIRED, unlinked) and returned to its chunk after
+//! a grace period; a chunk whose bins are all free goes back to the source after another.
+//! So memory flows back between classes and kinds.
+//!
+//! Invariants are listed in `docs/invariants-ualloc.md` (UA*, RCU*, CM*).
+
+pub mod arena;
+pub mod bin;
+pub mod chunk;
+pub mod layout;
+
+mod alloc;
+mod free;
+mod refill;
+mod validate;
+
+use crate::rcu::RcuHead;
+use crate::size_class::SizeClass;
+
+pub use crate::size_class::MAX_SMALL_SIZE;
+pub use arena::Arena;
+pub use layout::{CHUNK_SHIFT, CHUNK_SIZE, PAGE_SHIFT, PAGE_SIZE};
+
+/// Where UAlloc gets its chunks (the heap implements it over TBuddy).
+pub trait ChunkSource {
+    /// A `CHUNK_SIZE`-aligned chunk (absolute address), or `None` when out of memory. Its
+    /// contents are arbitrary.
+    fn alloc_chunk(&self) -> Option<*mut u8>;
+
+    /// Give back a chunk that `alloc_chunk` returned.
+    ///
+    /// # Safety
+    /// `chunk` came from `alloc_chunk` of this source and is not used any more.
+    unsafe fn free_chunk(&self, chunk: *mut u8);
+}
+
+/// What [`UAlloc::free`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeOutcome {
+    /// A live block of this class was freed.
+    Freed(SizeClass),
+    /// The block was already free (its slot bit was clear); nothing changed.
+    DoubleFree,
+    /// Not a UAlloc block: no live UAlloc chunk, a header or padding, not at a slot
+    /// boundary, or a bin that is not carved. Nothing changed.
+    Invalid,
+}
+
+/// UAlloc over a slice of arenas and a chunk source. A cheap view: building one per call is
+/// fine (two words plus the source).
+pub struct UAlloc<'a, S: ChunkSource> {
+    arenas: &'a [Arena],
+    source: S,
+}
+
+/// Passes in [`alloc::ListClaimer`] before a walk of the bin list starts over: bounds the
+/// length of a read section (so barriers progress) when bins are relinked under a walker.
+/// Lists are short (full bins leave them), so a real walk rarely comes near it.
+const SCAN_LIMIT: u32 = 256;
+
+/// Tags that keep the keys of different `Group::of` call sites apart.
+const CLASS_GROUP_TAG: u64 = 1 << 40;
+const KIND_GROUP_TAG: u64 = 2 << 40;
+
+impl<'a, S: ChunkSource> UAlloc<'a, S> {
+    /// UAlloc over `arenas` (at least one; all-zero or [`Arena::new`]) and `source`.
+    pub fn new(arenas: &'a [Arena], source: S) -> Self {
+        debug_assert!(!arenas.is_empty());
+        Self { arenas, source }
+    }
+
+    /// The arenas.
+    pub fn arenas(&self) -> &'a [Arena] {
+        self.arenas
+    }
+
+    /// The chunk source.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// Chunks UAlloc holds now (a snapshot).
+    pub fn chunks_held(&self) -> usize {
+        self.arenas.iter().map(|a| a.chunk_count() as usize).sum()
+    }
+
+    /// Wait until every deferred bin and chunk return queued so far has run, in every arena.
+    /// Not needed for correctness (frees run them); for tests and shutdown.
+    pub fn flush(&self) {
+        for arena in self.arenas {
+            arena.rcu.barrier(|head| self.run_callback(head));
+        }
+    }
+
+    /// This thread's arena: `sm_id % arenas`.
+    #[inline(always)]
+    fn arena_index(&self) -> usize {
+        crate::platform::sm_id() as usize % self.arenas.len()
+    }
+
+    /// An RCU callback: return a retired bin to its chunk, or a retired chunk to the source.
+    #[cold]
+    #[inline(never)]
+    fn run_callback(&self, head: *const RcuHead) {
+        let chunk_addr = (head as usize).wrapping_sub(core::mem::offset_of!(chunk::ChunkHeader, rcu));
+        if chunk_addr % CHUNK_SIZE == 0 {
+            // SAFETY: INV(RCU4): a chunk's head was queued by `return_bin` after the chunk left
+            // every list and lost its magic; the grace period has passed.
+            unsafe { self.source.free_chunk(chunk_addr as *mut u8) };
+        } else {
+            let bin_addr = head as usize - core::mem::offset_of!(bin::BinHeader, rcu);
+            // SAFETY: INV(RCU4): a bin's head was queued by `free` after the bin was retired
+            // and unlinked; its chunk is live until the bin is back in it.
+            self.return_bin(unsafe { arena::bin_at(bin_addr as u64) });
+        }
+    }
+}
+
+// INV(RCU4): a bin's RCU head can never look like a chunk's (bins are 128-aligned and never at
+// a chunk's start).
+#[cfg(not(loom))]
+const _: () = assert!(
+    core::mem::offset_of!(bin::BinHeader, rcu) % layout::BLOCK_SIZE
+        != core::mem::offset_of!(chunk::ChunkHeader, rcu) % layout::BLOCK_SIZE
+);

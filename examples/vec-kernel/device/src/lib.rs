@@ -11,10 +11,7 @@ mod kernels {
     #[global_allocator]
     static ALLOC: toga_kernels::Toga = toga_kernels::Toga;
 
-    #[panic_handler]
-    fn panic(_: &core::panic::PanicInfo) -> ! {
-        core::arch::nvptx::trap()
-    }
+    // toga-kernels' default `panic-handler` feature provides the `#[panic_handler]` (a trap).
 
     fn thread_id() -> usize {
         // SAFETY: special-register reads.

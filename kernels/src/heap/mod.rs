@@ -379,6 +379,23 @@ impl<'a> Heap<'a> {
         p
     }
 
+    /// Allocate `size` bytes aligned to `align` (a power of two). Small blocks are aligned to
+    /// their class ([`SizeClass::align`]: the class size up to 128 B); a stricter alignment is
+    /// served from TBuddy, whose blocks are aligned to their size up to `CHUNK_SIZE`. Null for
+    /// alignments above `CHUNK_SIZE`.
+    pub fn malloc_aligned(&self, size: usize, align: usize) -> *mut u8 {
+        let size = size.max(1);
+        if size <= MAX_SMALL_SIZE && align <= SizeClass::from_size(size).align() {
+            return self.malloc(size);
+        }
+        if align > CHUNK_SIZE {
+            self.count(stat::FAILED, 1);
+            self.account_used(0);
+            return ptr::null_mut();
+        }
+        self.malloc(size.max(align).max(MAX_SMALL_SIZE + 1))
+    }
+
     /// Allocate `count * size` zeroed bytes (null on overflow, like C's `calloc`).
     pub fn calloc(&self, count: usize, size: usize) -> *mut u8 {
         let Some(bytes) = count.checked_mul(size) else {
@@ -515,76 +532,8 @@ impl<'a> Heap<'a> {
     }
 }
 
-/// The heap that the free functions [`malloc`]/[`free`] and [`Toga`] use: set by the host
-/// through the `toga_bind_heap` kernel of each module (0 = none: every malloc returns null).
-static BOUND_HEAP: Atomic64 = Atomic64::new(0);
+#[cfg(not(loom))]
+mod bound;
+#[cfg(not(loom))]
+pub use bound::*;
 
-/// Make `base` the heap of this module's free functions.
-///
-/// # Safety
-/// `base` is 0 or an initialized heap that outlives every later call of [`malloc`]/[`free`].
-pub unsafe fn bind(base: *mut u8) {
-    BOUND_HEAP.store_relaxed(base as u64);
-}
-
-fn bound() -> Option<Heap<'static>> {
-    let base = BOUND_HEAP.load_relaxed();
-    // SAFETY: `bind`'s contract: a nonzero value is an initialized heap.
-    (base != 0).then(|| unsafe { Heap::from_base(base as *mut u8) })
-}
-
-/// `malloc` on the bound heap (null if none is bound).
-pub fn malloc(size: usize) -> *mut u8 {
-    bound().map_or(ptr::null_mut(), |h| h.malloc(size))
-}
-
-/// `calloc` on the bound heap.
-pub fn calloc(count: usize, size: usize) -> *mut u8 {
-    bound().map_or(ptr::null_mut(), |h| h.calloc(count, size))
-}
-
-/// `free` on the bound heap.
-///
-/// # Safety
-/// As for [`Heap::free`].
-pub unsafe fn free(p: *mut u8) {
-    if let Some(h) = bound() {
-        // SAFETY: forwarded from the caller.
-        unsafe { h.free(p) }
-    }
-}
-
-/// `realloc` on the bound heap.
-///
-/// # Safety
-/// As for [`Heap::realloc`].
-pub unsafe fn realloc(p: *mut u8, size: usize) -> *mut u8 {
-    // SAFETY: forwarded from the caller.
-    bound().map_or(ptr::null_mut(), |h| unsafe { h.realloc(p, size) })
-}
-
-/// `GlobalAlloc` over the bound heap: `#[global_allocator] static A: toga_kernels::Toga = Toga;`
-/// makes `alloc::{Box, Vec, String}` work in kernels.
-///
-/// Alignment: small blocks are aligned to their size class (a power of two ≥ 16), large blocks
-/// to their size; a request is served from a block at least as large as its alignment, so every
-/// alignment up to the heap size is honoured. Alignments no block can meet get null.
-pub struct Toga;
-
-// SAFETY: `alloc` returns null or a block of at least `layout.size()` bytes aligned to
-// `layout.align()` (every block is aligned to its own power-of-two size, and we ask for at least
-// `align` bytes); `dealloc` frees only what `alloc` returned.
-unsafe impl core::alloc::GlobalAlloc for Toga {
-    unsafe fn alloc(&self, layout: core::alloc::Layout) -> *mut u8 {
-        malloc(layout.size().max(layout.align()))
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, _layout: core::alloc::Layout) {
-        // SAFETY: `p` came from `alloc` (GlobalAlloc's contract).
-        unsafe { free(p) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: core::alloc::Layout) -> *mut u8 {
-        calloc(1, layout.size().max(layout.align()))
-    }
-}

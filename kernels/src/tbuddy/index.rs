@@ -1,0 +1,306 @@
+//! The availability index: a 32-ary hierarchy of bitmaps over the node index space, so that an
+//! allocator finds an Available node of order k in a few loads instead of scanning the level.
+//!
+//! ```text
+//!  layer 2 (top, 1 word)      [b0 b1 ...]                 bit j: layer-1 word j may be non-zero
+//!  layer 1                 [w0][w1] ... [w31]             bit j of word w: layer-0 word 32w+j ...
+//!  layer 0   [n0..n31][n32..n63] ...   one bit per tree node (heap order: root = node 1)
+//! ```
+//! Layer 0 has one bit per node index in `0..2^(max_order+1)`. The nodes of one order are a
+//! contiguous, power-of-two-aligned run of indices, so the search for order k is a search for a
+//! set bit inside one aligned range, which the upper layers narrow down.
+//!
+//! The index is a hint; the node words decide (a claim is a CAS on the node word).
+//! - INV(TB6) (quiescent): layer-0 bit n is set iff node n is Available, and a bit of an upper
+//!   layer is set iff the word below it is non-zero.
+//! - At all times the summaries are never stale-negative for long: [`AvailIndex::clear`] clears
+//!   a summary bit only after the word below became empty, then re-reads that word and sets the
+//!   bit again if a concurrent [`AvailIndex::set`] refilled it. All updates are acq_rel RMWs, so
+//!   of a clear and a set that race on one summary bit, the later one sees the other's word.
+
+use crate::platform::Atomic32;
+
+/// log2 of the fan-out: one index word summarizes 32 words (or nodes) below.
+pub const FANOUT_SHIFT: u32 = 5;
+/// Bits per index word.
+pub const FANOUT: u32 = 1 << FANOUT_SHIFT;
+const _: () = assert!(FANOUT == u32::BITS);
+
+/// Most layers any tree needs: `ceil(MAX_LEVELS / FANOUT_SHIFT)` (the node index space of a
+/// tree with `MAX_LEVELS` levels has `2^MAX_LEVELS` indices).
+pub const MAX_LAYERS: usize = (super::MAX_LEVELS as usize).div_ceil(FANOUT_SHIFT as usize);
+
+/// Words of each layer for a node index space of `2^index_bits` indices: the layer sizes and
+/// their total.
+pub const fn layer_words(index_bits: u32) -> ([u32; MAX_LAYERS], usize) {
+    let mut words = [0u32; MAX_LAYERS];
+    let mut total = 0usize;
+    let mut bits = index_bits;
+    let mut layer = 0;
+    loop {
+        let w = if bits > FANOUT_SHIFT {
+            1u32 << (bits - FANOUT_SHIFT)
+        } else {
+            1
+        };
+        words[layer] = w;
+        total += w as usize;
+        if w == 1 {
+            return (words, total);
+        }
+        bits -= FANOUT_SHIFT;
+        layer += 1;
+    }
+}
+
+/// A view of the index words of one tree.
+#[derive(Clone, Copy)]
+pub struct AvailIndex<'a> {
+    words: &'a [Atomic32],
+    /// Start of each layer in `words`.
+    offset: [u32; MAX_LAYERS],
+    /// The top layer (one word).
+    top: u32,
+}
+
+/// Splits a bit position of some layer into (word, mask).
+#[inline(always)]
+fn word_bit(pos: u32) -> (u32, u32) {
+    (pos >> FANOUT_SHIFT, 1 << (pos & (FANOUT - 1)))
+}
+
+impl<'a> AvailIndex<'a> {
+    /// The index of a tree whose node indices are `0..2^index_bits`, in `words`
+    /// (`layer_words(index_bits).1` of them).
+    pub fn new(words: &'a [Atomic32], index_bits: u32) -> Self {
+        let (sizes, total) = layer_words(index_bits);
+        debug_assert!(words.len() >= total);
+        let mut offset = [0u32; MAX_LAYERS];
+        let mut at = 0;
+        let mut top = 0;
+        for (layer, &size) in sizes.iter().enumerate() {
+            offset[layer] = at;
+            at += size;
+            if size == 1 {
+                top = layer as u32;
+                break;
+            }
+        }
+        Self {
+            words: &words[..total],
+            offset,
+            top,
+        }
+    }
+
+    #[inline(always)]
+    fn word(&self, layer: u32, w: u32) -> &'a Atomic32 {
+        &self.words[(self.offset[layer as usize] + w) as usize]
+    }
+
+    /// Mark node `n` Available in the index (after its node word says so).
+    pub fn set(&self, n: u32) {
+        self.set_from(0, n);
+    }
+
+    /// Set bit `pos` of `layer`, and the summaries above it that were empty.
+    fn set_from(&self, mut layer: u32, mut pos: u32) {
+        loop {
+            let (w, bit) = word_bit(pos);
+            // Acq_rel: the release half publishes the lower layers' bits to whoever reads this
+            // summary (the acquire loads in `find` and the re-check in `clear`).
+            let old = self.word(layer, w).fetch_or_acq_rel(bit);
+            if old != 0 || layer == self.top {
+                return;
+            }
+            layer += 1;
+            pos = w;
+        }
+    }
+
+    /// Remove node `n` from the index (after its node word left Available).
+    pub fn clear(&self, n: u32) {
+        // Phase 1: clear upwards while words become empty.
+        let mut layer = 0;
+        let mut pos = n;
+        loop {
+            let (w, bit) = word_bit(pos);
+            // Acq_rel: pairs with the acq_rel `fetch_or` of a racing `set_from` (see module doc).
+            let old = self.word(layer, w).fetch_and_acq_rel(!bit);
+            if old != bit || layer == self.top {
+                break;
+            }
+            layer += 1;
+            pos = w;
+        }
+        // Phase 2: every word this call emptied below `layer` had its summary bit cleared; a
+        // racing `set` may have refilled it meanwhile. Re-check bottom-up; the first refilled
+        // word gets its summaries back (and `set_from` climbs as far as needed).
+        let mut pos = n;
+        for below in 0..layer {
+            let w = pos >> FANOUT_SHIFT;
+            // Acquire: pairs with the release half of the refilling `fetch_or`.
+            if self.word(below, w).load_acquire() != 0 {
+                self.set_from(below + 1, w);
+                return;
+            }
+            pos = w;
+        }
+    }
+
+    /// Look for a node index with its bit set in the aligned range `[2^a, 2^(a+1))` (the nodes of
+    /// one order), choosing among set bits by `seed`. `None` when the hint says there is none
+    /// (or a stale summary led nowhere: the caller retries).
+    pub fn find(&self, a: u32, mut seed: u64) -> Option<u32> {
+        let lo = 1u32 << a;
+        let hi = (lo << 1) - 1;
+        // The lowest layer at which the whole range lies inside one word.
+        let mut layer = 0;
+        while (lo >> (FANOUT_SHIFT * (layer + 1))) != (hi >> (FANOUT_SHIFT * (layer + 1))) {
+            layer += 1;
+        }
+        debug_assert!(layer <= self.top);
+        let shift = FANOUT_SHIFT * layer;
+        let (mut w, _) = word_bit(lo >> shift);
+        let first = (lo >> shift) & (FANOUT - 1);
+        let last = (hi >> shift) & (FANOUT - 1);
+        let mut mask = (u32::MAX >> (FANOUT - 1 - last)) & (u32::MAX << first);
+        loop {
+            // Acquire: pairs with the release half of `set_from`'s `fetch_or`.
+            let bits = self.word(layer, w).load_acquire() & mask;
+            if bits == 0 {
+                return None;
+            }
+            let rot = (seed as u32) & (FANOUT - 1);
+            let b = (bits.rotate_right(rot).trailing_zeros() + rot) & (FANOUT - 1);
+            let pos = (w << FANOUT_SHIFT) | b;
+            if layer == 0 {
+                return Some(pos);
+            }
+            // Below the top, words lie wholly inside the range (it is aligned to its size).
+            layer -= 1;
+            w = pos;
+            mask = u32::MAX;
+            seed >>= FANOUT_SHIFT;
+        }
+    }
+
+    /// The value index word `i` (counted across all layers) must hold when exactly the nodes
+    /// `available` are Available: for the parallel init.
+    pub fn initial_word(&self, i: usize, available: impl Iterator<Item = u32>) -> u32 {
+        let mut layer = 0;
+        while layer < self.top && i >= self.offset[layer as usize + 1] as usize {
+            layer += 1;
+        }
+        let w = (i - self.offset[layer as usize] as usize) as u32;
+        let mut value = 0;
+        for n in available {
+            let (word, bit) = word_bit(n >> (FANOUT_SHIFT * layer));
+            if word == w {
+                value |= bit;
+            }
+        }
+        value
+    }
+
+    /// Write index word `i` (counted across all layers); init only.
+    pub fn store_word(&self, i: usize, value: u32) {
+        self.words[i].store_relaxed(value);
+    }
+
+    /// Host check of INV(TB6) against `is_available(node)`, at quiescence.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn assert_consistent(&self, nodes: u32, is_available: impl Fn(u32) -> bool) {
+        for n in 0..nodes {
+            let (w, bit) = word_bit(n);
+            let set = self.word(0, w).load_relaxed() & bit != 0;
+            assert_eq!(
+                set,
+                is_available(n),
+                "TB6: index bit of node {n} disagrees with its state"
+            );
+        }
+        for layer in 1..=self.top {
+            let below = self.offset[layer as usize] - self.offset[layer as usize - 1];
+            for pos in 0..below {
+                let (w, bit) = word_bit(pos);
+                let set = self.word(layer, w).load_relaxed() & bit != 0;
+                let nonzero = self.word(layer - 1, pos).load_relaxed() != 0;
+                assert_eq!(
+                    set, nonzero,
+                    "TB6: summary bit {pos} of layer {layer} is stale"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    fn words(index_bits: u32) -> Vec<Atomic32> {
+        (0..layer_words(index_bits).1)
+            .map(|_| Atomic32::new(0))
+            .collect()
+    }
+
+    #[test]
+    fn layer_sizes() {
+        assert_eq!(layer_words(1).1, 1);
+        assert_eq!(layer_words(5).1, 1);
+        assert_eq!(layer_words(6).0[..2], [2, 1]);
+        let (sizes, total) = layer_words(super::super::MAX_LEVELS);
+        assert_eq!(sizes, [1 << 19, 1 << 14, 1 << 9, 1 << 4, 1]);
+        assert_eq!(total, sizes.iter().map(|&w| w as usize).sum::<usize>());
+    }
+
+    /// Every order's range, every node: set → found (whatever the seed), clear → gone, and the
+    /// summaries are exact afterwards.
+    #[test]
+    fn set_find_clear_every_node() {
+        const BITS: u32 = 12;
+        let w = words(BITS);
+        let index = AvailIndex::new(&w, BITS);
+        for a in 0..BITS {
+            for n in (1u32 << a)..(2u32 << a) {
+                index.set(n);
+                for seed in [0, 7, 0xdead_beef] {
+                    assert_eq!(index.find(a, seed), Some(n), "order range {a}, node {n}");
+                }
+                if a > 0 {
+                    assert_eq!(index.find(a - 1, 0), None);
+                }
+                index.clear(n);
+                assert_eq!(index.find(a, 0), None);
+                index.assert_consistent(1 << BITS, |_| false);
+            }
+        }
+    }
+
+    /// Many set bits: the seed spreads the picks, and removing them one by one leaves the
+    /// summaries exact.
+    #[test]
+    fn seeds_scatter_and_summaries_shrink() {
+        const BITS: u32 = 11;
+        let w = words(BITS);
+        let index = AvailIndex::new(&w, BITS);
+        let a = BITS - 1;
+        let nodes: Vec<u32> = ((1u32 << a)..(2u32 << a)).step_by(37).collect();
+        nodes.iter().for_each(|&n| index.set(n));
+        let picks: std::collections::BTreeSet<u32> = (0..64u64)
+            .map(|s| {
+                index
+                    .find(a, s.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                    .unwrap()
+            })
+            .collect();
+        assert!(picks.len() > 4, "the seed does not scatter: {picks:?}");
+        assert!(picks.iter().all(|p| nodes.contains(p)));
+        for (i, &n) in nodes.iter().enumerate() {
+            index.clear(n);
+            index.assert_consistent(1 << BITS, |m| nodes[i + 1..].contains(&m));
+        }
+    }
+}

@@ -1,0 +1,629 @@
+//! TBuddy: the coarse-grained allocator, a concurrent static buddy tree over a region of
+//! `PAGE_SIZE << max_order` bytes, with one bulk semaphore per order (Gelado & Garland §TBuddy).
+//!
+//! ```text
+//!  order 2            [1: Partial]                 node n: children 2n, 2n+1, parent n/2
+//!                    /            \                order k holds nodes 2^(M-k) .. 2^(M-k+1)-1
+//!  order 1     [2: Busy]          [3: Partial]     (M = max_order)
+//!              /      \           /        \
+//!  order 0  [4: B]  [5: B]    [6: Avail]  [7: Busy]    ← one block of PAGE_SIZE each
+//!           └─ block of order 1 ─┘  page 2     page 3
+//! ```
+//! States (two bits of the node's `Atomic32`; bit 31 is the lock of the node's two children):
+//! - **Available**: the block is free, and counted in its order's semaphore.
+//! - **Busy**: the block is not free as a whole and nothing below it is: allocated, being split or
+//!   merged by the thread that owns it, outside the heap, or inside a bigger whole block.
+//! - **Partial**: the block is split; its children carry the state.
+//!
+//! Zeroed memory is a valid tree before init: every node Busy, every semaphore empty, so every
+//! `alloc` returns `None` (INV(TB8)).
+//!
+//! # alloc(order k)
+//! Two stages: first count a unit, then find it. `wait(1, 2)` on semaphore k; on `Acquired` a
+//! node of order k is Available for us somewhere (INV(TB4)): the availability index
+//! (`index.rs`) points to one from a scattered start and a CAS takes it Available→Busy. On
+//! `MustRefill` we go up an order and try there; once an order j > k yields a node, we split it
+//! down to k: at each order the node becomes Partial, its right child Available (`signal(1, 1)`
+//! on the semaphore below, which we promised), and we keep the left child. If even the root
+//! order must be refilled, the promises made on the way up are retracted one by one, each
+//! order is tried once more on the way down (see below), and then the answer is `None`; no
+//! thread ever waits for memory that does not exist.
+//!
+//! # free(offset, order k)
+//! Lock the parent (the pair lock, INV(TB5)); if the buddy is Available, take one unit of order k
+//! with `try_wait` and CAS the buddy Available→Busy: the pair merges, the parent becomes Busy
+//! and is freed one order up (announced there first with a promise). Otherwise the block
+//! becomes Available and `release(1)` counts it,
+//! still under the lock, so the buddy's own free (which needs the same lock) sees it and merges.
+//! A free that sees its buddy Available but gets no unit waits (lock dropped) until the buddy is
+//! taken or the unit shows up (INV(TB1)).
+//!
+//! # No false starvation
+//! Two allocators that decide at once to refill one order may race for one block above; the
+//! loser, about to fail at the root, walks back down retrying each order it promised to
+//! ([`TBuddy::alloc`]), where the winner's split leaves a spare unit. A merging free announces
+//! the merged block on the order above (a semaphore promise) before its halves stop being
+//! counted, so pages in transit make allocators wait, not fail.
+//!
+//! # Invariants (`docs/invariants.md`; cited as `INV(TBn)`)
+//! - TB1: two siblings are never both Available at quiescence.
+//! - TB2: every descendant of an Available or Busy node is Busy.
+//! - TB3: a leaf (order 0) is never Partial.
+//! - TB4: for each order k, Available nodes ≥ C_k + units held (taken, node not yet claimed);
+//!   equal at quiescence, where E_k = R_k = 0. A node is Available and indexed before its unit
+//!   is counted, and a unit is taken before its node leaves Available.
+//! - TB5: the pair lock (bit 31 of node p) is taken only by a thread freeing a child of p,
+//!   which is then Partial; one lock at a time, never held while waiting.
+//! - TB6: the availability index matches the node states at quiescence (bit n ⇔ node n
+//!   Available; summary bit ⇔ word below non-zero).
+//! - TB7: nodes wholly beyond `usable_pages` are Busy and nodes straddling it Partial, forever;
+//!   init's Available nodes are the binary decomposition of `usable_pages`.
+//! - TB8: all-zero memory is a valid tree: all Busy, semaphores empty, every `alloc` is `None`.
+
+mod index;
+
+use core::ops::Range;
+
+use crate::bulk_semaphore::{BulkSemaphore, MAX_AVAILABLE, Wait};
+use crate::platform::{self, Atomic32, Atomic64, Backoff};
+use index::AvailIndex;
+
+/// log2 of the page, the smallest block (order 0).
+pub const PAGE_SHIFT: u32 = 12;
+/// The smallest block TBuddy hands out.
+pub const PAGE_SIZE: usize = 1 << PAGE_SHIFT;
+/// Orders a tree may have: `max_order <= MAX_LEVELS - 1`, so a heap of up to
+/// `PAGE_SIZE << (MAX_LEVELS - 1)` bytes (32 GiB).
+pub const MAX_LEVELS: u32 = 24;
+/// The largest `max_order`.
+pub const MAX_ORDER: u32 = MAX_LEVELS - 1;
+/// Units per refill of an order: one block of order k+1 makes two of order k.
+pub const BATCH: u32 = 2;
+
+// Node indices are u32 (`2^MAX_LEVELS` of them), block offsets fit u64.
+const _: () = assert!(MAX_LEVELS < u32::BITS);
+// INV(SEM2): an order can hold at most half its nodes Available (TB1), and no more than
+// `2^MAX_ORDER` in any case; the semaphore's C must hold that.
+const _: () = assert!((1u64 << MAX_ORDER) <= MAX_AVAILABLE as u64);
+const _: () = assert!(MAX_ORDER + PAGE_SHIFT < u64::BITS);
+
+/// Node state: Busy. Zero, so that zeroed memory is all Busy (INV(TB8)).
+const BUSY: u32 = 0;
+/// Node state: Available.
+const AVAILABLE: u32 = 1;
+/// Node state: Partial (split).
+const PARTIAL: u32 = 2;
+/// The state bits of a node word.
+const STATE_MASK: u32 = 0b11;
+/// The pair lock of the node's children (INV(TB5)).
+const LOCKED: u32 = 1 << 31;
+const _: () = assert!(STATE_MASK & LOCKED == 0 && PARTIAL & !STATE_MASK == 0);
+
+/// One semaphore alone on a cache line: order 0 is hammered, its neighbours should not be.
+#[repr(C, align(128))]
+struct OrderSemaphore(BulkSemaphore);
+
+/// The shared part of a TBuddy: one semaphore per order and the geometry. Zeroed memory is a
+/// valid, empty header; [`TBuddy::init_finish`] fills it.
+#[repr(C)]
+pub struct TBuddyHeader {
+    /// Semaphore k counts Available nodes of order k (INV(TB4)).
+    sems: [OrderSemaphore; MAX_LEVELS as usize],
+    /// Pages the tree manages, written by `init_finish` (0 before).
+    usable_pages: Atomic64,
+    /// Tickets that re-scatter a search after a collision (threads that collided had the same
+    /// seed, so they need distinct ones).
+    scatter: Atomic32,
+}
+
+impl TBuddyHeader {
+    /// An empty header (what zeroed memory holds), for host tests.
+    pub fn new() -> Self {
+        Self {
+            sems: core::array::from_fn(|_| OrderSemaphore(BulkSemaphore::new(0))),
+            usable_pages: Atomic64::new(0),
+            scatter: Atomic32::new(0),
+        }
+    }
+
+    /// The semaphore of `order`.
+    pub fn semaphore(&self, order: u32) -> &BulkSemaphore {
+        &self.sems[order as usize].0
+    }
+}
+
+impl Default for TBuddyHeader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A tree node, by heap index: the root is 1, node n has children 2n and 2n+1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Node(u32);
+
+impl Node {
+    const ROOT: Node = Node(1);
+
+    fn parent(self) -> Node {
+        Node(self.0 >> 1)
+    }
+    fn buddy(self) -> Node {
+        Node(self.0 ^ 1)
+    }
+    fn left(self) -> Node {
+        Node(self.0 << 1)
+    }
+    fn right(self) -> Node {
+        Node((self.0 << 1) | 1)
+    }
+}
+
+/// A view of one buddy tree: its header and its node words. Cheap to copy.
+#[derive(Clone, Copy)]
+pub struct TBuddy<'a> {
+    header: &'a TBuddyHeader,
+    /// `2^(max_order+1)` node words (index 0 unused), then the availability index.
+    nodes: &'a [Atomic32],
+    index: AvailIndex<'a>,
+    max_order: u32,
+}
+
+impl<'a> TBuddy<'a> {
+    /// Node words of a tree of `max_order`: one per node (heap order, index 0 unused) plus the
+    /// availability index.
+    pub const fn node_words(max_order: u32) -> usize {
+        assert!(max_order <= MAX_ORDER);
+        (2usize << max_order) + index::layer_words(max_order + 1).1
+    }
+
+    /// The tree whose node words are `nodes` (at least `node_words(max_order)` words, for the
+    /// largest such `max_order`). Works on zeroed memory, before init.
+    pub fn new(header: &'a TBuddyHeader, nodes: &'a [Atomic32]) -> Self {
+        // node_words(m) lies in [2^(m+1), 2^(m+2)): the index is far smaller than the tree.
+        let len = nodes.len();
+        assert!(len >= Self::node_words(0), "TBuddy: node array too small");
+        let mut max_order = (usize::BITS - 1 - len.leading_zeros() - 1).min(MAX_ORDER);
+        if Self::node_words(max_order) > len {
+            max_order -= 1;
+        }
+        let tree_words = 2usize << max_order;
+        let (tree, rest) = nodes.split_at(tree_words);
+        Self {
+            header,
+            nodes: tree,
+            index: AvailIndex::new(rest, max_order + 1),
+            max_order,
+        }
+    }
+
+    /// The largest order: the root's.
+    pub fn max_order(&self) -> u32 {
+        self.max_order
+    }
+
+    // ---- geometry -------------------------------------------------------------------------
+
+    /// The first node of `order`.
+    #[inline(always)]
+    fn first_of(&self, order: u32) -> u32 {
+        1 << (self.max_order - order)
+    }
+
+    /// The node of the block of `order` at byte `offset`.
+    #[inline(always)]
+    fn node_at(&self, offset: u64, order: u32) -> Node {
+        Node(self.first_of(order) + (offset >> (order + PAGE_SHIFT)) as u32)
+    }
+
+    /// Byte offset of `node`'s block, `node` being of `order`.
+    #[inline(always)]
+    fn offset_of(&self, node: Node, order: u32) -> u64 {
+        ((node.0 - self.first_of(order)) as u64) << (order + PAGE_SHIFT)
+    }
+
+    /// The order of `node`.
+    #[inline(always)]
+    fn order_of(&self, node: Node) -> u32 {
+        self.max_order - (u32::BITS - 1 - node.0.leading_zeros())
+    }
+
+    #[inline(always)]
+    fn word(&self, node: Node) -> &'a Atomic32 {
+        &self.nodes[node.0 as usize]
+    }
+
+    #[inline(always)]
+    fn sem(&self, order: u32) -> &'a BulkSemaphore {
+        self.header.semaphore(order)
+    }
+
+    // ---- init -----------------------------------------------------------------------------
+
+    /// The state `node` has right after init for `usable_pages` (INV(TB7)): the Available nodes
+    /// are the binary decomposition of `[0, usable_pages)`; nodes outside are Busy, nodes that
+    /// straddle the end are Partial.
+    fn initial_state(&self, node: Node, usable_pages: u64) -> u32 {
+        if node.0 == 0 {
+            return BUSY;
+        }
+        let order = self.order_of(node);
+        let start = self.offset_of(node, order) >> PAGE_SHIFT;
+        let end = start + (1u64 << order);
+        if end <= usable_pages {
+            let whole_parent = node != Node::ROOT && {
+                let parent_start = start & !((2u64 << order) - 1);
+                parent_start + (2u64 << order) <= usable_pages
+            };
+            if whole_parent { BUSY } else { AVAILABLE }
+        } else if start < usable_pages {
+            PARTIAL
+        } else {
+            BUSY
+        }
+    }
+
+    /// The Available node of `order` right after init, if any: bit `order` of `usable_pages`
+    /// set means the block `[usable_pages & !(2^(order+1)-1), +2^order)` is one.
+    fn initial_available(&self, order: u32, usable_pages: u64) -> Option<Node> {
+        if (usable_pages >> order) & 1 == 0 {
+            return None;
+        }
+        Some(Node(
+            self.first_of(order) + ((usable_pages >> order) - 1) as u32,
+        ))
+    }
+
+    /// Initialization, step 1: write node words `range` (indices into the `nodes` slice given to
+    /// [`new`](Self::new), so `0..node_words(max_order)` in all) for a heap of `usable_pages`
+    /// pages (`<= 2^max_order`; the rest is Busy forever). Threads may split the words between
+    /// them in disjoint ranges; all must finish before [`init_finish`](Self::init_finish).
+    pub fn init_nodes(&self, range: Range<usize>, usable_pages: u64) {
+        assert!(
+            usable_pages <= 1u64 << self.max_order,
+            "TBuddy: more pages than the tree covers"
+        );
+        let tree_words = self.nodes.len();
+        for i in range {
+            if i < tree_words {
+                let state = self.initial_state(Node(i as u32), usable_pages);
+                self.nodes[i].store_relaxed(state);
+            } else {
+                let available =
+                    (0..=self.max_order).filter_map(|o| self.initial_available(o, usable_pages));
+                let value = self
+                    .index
+                    .initial_word(i - tree_words, available.map(|n| n.0));
+                self.index.store_word(i - tree_words, value);
+            }
+        }
+    }
+
+    /// Initialization, step 2 (one thread, after every `init_nodes`): fill the semaphores,
+    /// which must be empty (a zeroed header). A kernel boundary (or a join on the host) between
+    /// the steps orders the node words before the first `alloc`.
+    pub fn init_finish(&self, usable_pages: u64) {
+        for order in 0..=self.max_order {
+            debug_assert_eq!(
+                self.sem(order).counters(),
+                (0, 0, 0),
+                "init_finish on a used header"
+            );
+            let available = self.initial_available(order, usable_pages).is_some();
+            // INV(TB4): C = number of Available nodes of the order.
+            self.sem(order).release(available as u32);
+        }
+        self.header.usable_pages.store_release(usable_pages);
+    }
+
+    /// Serial init (host tests): `init_nodes` over everything, then `init_finish`.
+    pub fn init(&self, usable_pages: u64) {
+        self.init_nodes(0..Self::node_words(self.max_order), usable_pages);
+        self.init_finish(usable_pages);
+    }
+
+    // ---- alloc ----------------------------------------------------------------------------
+
+    /// A block of `PAGE_SIZE << order` bytes, aligned to its size: its byte offset from the
+    /// region's start. `None` when out of memory (or `order > max_order`); never hangs.
+    pub fn alloc(&self, order: u32) -> Option<u64> {
+        if order > self.max_order {
+            return None;
+        }
+        // Stage 1: count a unit at the lowest order that has one, promising a refill to every
+        // order passed on the way (INV(SEM4)).
+        let mut have = order;
+        loop {
+            match self.sem(have).wait(1, BATCH) {
+                Wait::Acquired => break,
+                Wait::MustRefill if have < self.max_order => have += 1,
+                Wait::MustRefill => {
+                    // Nothing at the root's order, and nothing above it can refill it.
+                    self.sem(have).retract(BATCH - 1);
+                    have = self.retry_downwards(have, order)?;
+                    break;
+                }
+            }
+        }
+        // Stage 2: find the unit, then split it down, keeping the left half each time.
+        let mut node = self.claim(have);
+        while have > order {
+            self.split(node);
+            have -= 1;
+            self.sem(have).signal(BATCH - 1, BATCH - 1);
+            node = node.left();
+        }
+        Some(self.offset_of(node, order))
+    }
+
+    /// The climb from `order` failed at `top`: before answering `None`, withdraw each promise
+    /// made on the way, newest first, and wait once more at that order without climbing. Another
+    /// thread that decided to refill the same order at the same time may have won the block
+    /// above; its split makes one spare unit at each order it passes, and that unit is ours to
+    /// wait for (no false starvation, INV(TB4)). Returns the order at which a unit was counted.
+    #[cold]
+    fn retry_downwards(&self, top: u32, order: u32) -> Option<u32> {
+        let mut have = top;
+        while have > order {
+            have -= 1;
+            // Our own promise must go first, or the wait below would spin on it (INV(SEM6)).
+            self.sem(have).retract(BATCH - 1);
+            match self.sem(have).wait(1, BATCH) {
+                // The promises below `have` are still ours and the split will keep them.
+                Wait::Acquired => return Some(have),
+                // Nothing spare here either; no climbing back up (that is how this ends).
+                Wait::MustRefill => self.sem(have).retract(BATCH - 1),
+            }
+        }
+        None
+    }
+
+    /// Find and take an Available node of `order`; this thread holds one of its units, so one
+    /// exists or is about to (INV(TB4)).
+    fn claim(&self, order: u32) -> Node {
+        let mut backoff = Backoff::new();
+        let mut seed = scatter_seed(order);
+        loop {
+            if let Some(n) = self.index.find(self.max_order - order, seed) {
+                let node = Node(n);
+                // Acq_rel: the acquire half pairs with the release that made the node Available
+                // (`make_available` / `split`), so the block's previous life happened before ours.
+                if self
+                    .word(node)
+                    .compare_exchange_acq_rel(AVAILABLE, BUSY)
+                    .is_ok()
+                {
+                    self.index.clear(node.0);
+                    return node;
+                }
+            }
+            // Another holder took that node (with the same seed, likely), or ours is between
+            // its Available store and its index bit (INV(TB6)): look again after a moment, from
+            // a start of our own. Relaxed: the ticket only has to differ.
+            backoff.snooze();
+            seed = mix(seed ^ self.header.scatter.fetch_add_relaxed(1) as u64);
+        }
+    }
+
+    /// Split `node` (Busy, ours): it becomes Partial, its right child Available; the left child
+    /// (Busy) stays ours. The caller then signals the order below.
+    fn split(&self, node: Node) {
+        // INV(TB3): only blocks above order 0 are split (the caller splits down to `order`).
+        debug_assert!(self.order_of(node) > 0);
+        // INV(TB2): the children of a Busy node are Busy. Release: a thread that frees a child
+        // locks this word and must see Partial (INV(TB5)).
+        debug_assert_eq!(self.word(node.left()).load_relaxed(), BUSY);
+        debug_assert_eq!(self.word(node.right()).load_relaxed(), BUSY);
+        self.word(node).store_release(PARTIAL);
+        // Release: pairs with the acquire CAS in `claim` or `free` that takes it.
+        self.word(node.right()).store_release(AVAILABLE);
+        self.index.set(node.right().0);
+    }
+
+    // ---- free -----------------------------------------------------------------------------
+
+    /// Give back a block from [`alloc`](Self::alloc). The caller guarantees `(offset, order)` is
+    /// a live block of this tree (no double free).
+    pub fn free(&self, offset: u64, order: u32) {
+        debug_assert!(order <= self.max_order);
+        debug_assert_eq!(offset & ((PAGE_SIZE as u64) << order).wrapping_sub(1), 0);
+        let mut node = self.node_at(offset, order);
+        let mut order = order;
+        // Whether we hold an open promise of one unit of `order` (INV(TB4)): after a merge.
+        let mut promised = false;
+        loop {
+            debug_assert_eq!(self.word(node).load_relaxed() & STATE_MASK, BUSY);
+            if node == Node::ROOT {
+                self.make_available(node, order, 1, promised);
+                return;
+            }
+            if !self.free_or_merge(node, order, promised) {
+                return;
+            }
+            // Merged: the parent is Busy and ours, announced one order up; free it there.
+            node = node.parent();
+            order += 1;
+            promised = true;
+        }
+    }
+
+    /// One step of `free` below the root: `true` if `node` merged with its buddy (the parent is
+    /// now Busy and ours, with a promise open on the parent's order), `false` if `node` became
+    /// Available. `promised`: we hold an open promise on `order` (we came from a merge below).
+    fn free_or_merge(&self, node: Node, order: u32, promised: bool) -> bool {
+        let parent = node.parent();
+        let buddy = node.buddy();
+        let up = self.sem(order + 1);
+        let mut backoff = Backoff::new();
+        loop {
+            self.lock(parent);
+            // INV(TB5): under the pair lock the buddy becomes Available only by our hands, so
+            // a buddy that is not Available now cannot merge with us before we unlock.
+            if self.word(buddy).load_acquire() & STATE_MASK != AVAILABLE {
+                self.make_available(node, order, 1, promised);
+                self.unlock(parent, PARTIAL);
+                return false;
+            }
+            // INV(TB4): announce the merged block before its halves leave this order, so that
+            // an allocator never finds the pages in transit missing (it waits for them).
+            up.promise(BATCH - 1);
+            if self.sem(order).try_wait(1) {
+                // Acq_rel: acquire pairs with the release that made the buddy Available.
+                if self
+                    .word(buddy)
+                    .compare_exchange_acq_rel(AVAILABLE, BUSY)
+                    .is_ok()
+                {
+                    self.index.clear(buddy.0);
+                    // INV(TB2): both children Busy; the parent is a whole Busy block, ours.
+                    self.unlock(parent, BUSY);
+                    if promised {
+                        // Our block now lives one order up, where the new promise stands.
+                        self.sem(order).retract(BATCH - 1);
+                    }
+                    return true;
+                }
+                // An allocator holding its own unit took the buddy first: our unit stands for
+                // another Available node; give it back together with ours.
+                self.make_available(node, order, 2, promised);
+                self.unlock(parent, PARTIAL);
+                up.retract(BATCH - 1);
+                return false;
+            }
+            up.retract(BATCH - 1);
+            // INV(TB1): the buddy is Available but no unit is free: each is held by an
+            // allocator about to claim an Available node (maybe the buddy), or hidden in a fast
+            // path's roll-back (INV(SEM3)). Becoming Available now could leave two Available
+            // siblings; wait (without the lock) until one of the two resolves.
+            self.unlock(parent, PARTIAL);
+            backoff.snooze();
+        }
+    }
+
+    /// `node` (Busy, ours) becomes Available and `units` units of its order are released (ours,
+    /// plus one we took and did not use); `promised`: one of them fulfils our open promise.
+    fn make_available(&self, node: Node, order: u32, units: u32, promised: bool) {
+        // Release: pairs with the acquire CAS of the next owner (`claim` or a merging `free`).
+        self.word(node).store_release(AVAILABLE);
+        self.index.set(node.0);
+        // INV(TB4): the node is Available (and indexed) before it is counted.
+        let expected = if promised { BATCH - 1 } else { 0 };
+        self.sem(order).signal(units, expected);
+    }
+
+    /// Take the pair lock of `parent`'s children (INV(TB5)). One lock at a time per thread, held
+    /// only for a few non-blocking steps, so no deadlock.
+    fn lock(&self, parent: Node) {
+        let word = self.word(parent);
+        let mut backoff = Backoff::new();
+        loop {
+            let cur = word.load_relaxed();
+            // INV(TB5): a freed node's parent is Partial while the node is allocated.
+            debug_assert_eq!(cur & STATE_MASK, PARTIAL);
+            // Acquire half pairs with the release in `unlock`.
+            if cur & LOCKED == 0 && word.compare_exchange_acq_rel(cur, cur | LOCKED).is_ok() {
+                return;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Release the pair lock and set `parent`'s state (Partial, or Busy after a merge).
+    fn unlock(&self, parent: Node, state: u32) {
+        // Release: pairs with the acquire in the next `lock`. Nothing else writes a locked
+        // Partial word (claims CAS only Available words), so a store is exact.
+        self.word(parent).store_release(state);
+    }
+
+    // ---- inspection -----------------------------------------------------------------------
+
+    /// Pages in Available blocks, summed over orders from the semaphores (a snapshot; exact at
+    /// quiescence).
+    pub fn available_pages(&self) -> u64 {
+        (0..=self.max_order)
+            .map(|o| (self.sem(o).available() as u64) << o)
+            .sum()
+    }
+
+    /// Pages the tree manages (set by `init_finish`).
+    pub fn usable_pages(&self) -> u64 {
+        self.header.usable_pages.load_acquire()
+    }
+
+    /// Walk the whole tree and check TB1–TB7 (host only; call it at quiescence).
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn assert_valid(&self) {
+        let usable = self.usable_pages();
+        let mut available = [0u32; MAX_LEVELS as usize];
+        let nodes = self.nodes.len() as u32;
+        for n in 1..nodes {
+            let node = Node(n);
+            let order = self.order_of(node);
+            let word = self.word(node).load_relaxed();
+            let state = word & STATE_MASK;
+            assert_eq!(word & LOCKED, 0, "TB5: node {n} still locked");
+            assert!(state <= PARTIAL, "node {n}: bad state word {word:#x}");
+            if node != Node::ROOT {
+                let parent = self.word(node.parent()).load_relaxed() & STATE_MASK;
+                assert!(
+                    parent == PARTIAL || state == BUSY,
+                    "TB2: node {n} is {state}, under a whole (non-Partial) parent"
+                );
+                if n & 1 == 0 {
+                    let buddy = self.word(node.buddy()).load_relaxed() & STATE_MASK;
+                    assert!(
+                        !(state == AVAILABLE && buddy == AVAILABLE),
+                        "TB1: siblings {n} and {} both Available",
+                        n + 1
+                    );
+                }
+            }
+            if state == PARTIAL {
+                assert!(order > 0, "TB3: leaf {n} is Partial");
+            }
+            let start = self.offset_of(node, order) >> PAGE_SHIFT;
+            let end = start + (1u64 << order);
+            if start >= usable {
+                assert_eq!(state, BUSY, "TB7: node {n} beyond the heap is not Busy");
+            } else if end > usable {
+                assert_eq!(
+                    state, PARTIAL,
+                    "TB7: node {n} straddles the heap's end, not Partial"
+                );
+            }
+            if state == AVAILABLE {
+                available[order as usize] += 1;
+            }
+        }
+        for order in 0..=self.max_order {
+            let (c, e, r) = self.sem(order).counters();
+            assert_eq!(
+                (e, r),
+                (0, 0),
+                "TB4: order {order} has promises or reservations left"
+            );
+            assert_eq!(
+                c, available[order as usize],
+                "TB4: order {order}: C differs from its nodes"
+            );
+        }
+        self.index.assert_consistent(nodes, |n| {
+            n != 0 && self.word(Node(n)).load_relaxed() & STATE_MASK == AVAILABLE
+        });
+    }
+}
+
+/// A scattered start for the search (ScatterAlloc-style): SM, lane, time and order, mixed.
+fn scatter_seed(order: u32) -> u64 {
+    let salt =
+        ((platform::sm_id() as u64) << 40) ^ ((platform::lane_id() as u64) << 32) ^ order as u64;
+    mix(platform::global_timer_ns() ^ salt)
+}
+
+/// SplitMix64's finalizer: a cheap, well-spread 64-bit mix.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

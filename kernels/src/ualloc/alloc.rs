@@ -1,0 +1,230 @@
+//! `malloc`: the group fast path, the lone-lane path, and the list walk they share.
+
+use core::ptr;
+
+use crate::bulk_semaphore::Wait;
+use crate::collective::Group;
+use crate::platform::{self, Backoff};
+use crate::rcu::SrcuReader;
+use crate::size_class::{BinKind, MAX_GROUP, MAX_SMALL_SIZE, SizeClass};
+use crate::ualloc::arena::{Arena, bin_at};
+use crate::ualloc::bin::{BinHeader, Claim, USED_COUNT_MASK};
+use crate::ualloc::chunk::chunk_base;
+use crate::ualloc::layout::{BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset};
+use crate::ualloc::{CLASS_GROUP_TAG, ChunkSource, SCAN_LIMIT, UAlloc};
+
+/// The address of slot `slot` of the bin whose header is at `bin`.
+#[inline(always)]
+pub(crate) fn slot_ptr(bin: u64, class: SizeClass, slot: u32) -> *mut u8 {
+    let bin = bin as usize;
+    let i = slot as usize;
+    let addr = match class.kind() {
+        BinKind::Small if slot >= class.main_slots() => {
+            let chunk = chunk_base(bin);
+            let index = ((bin - chunk) >> PAGE_SHIFT) - SMALL_RESERVED_PAGES;
+            chunk + tail_offset(index) + ((i - class.main_slots() as usize) << class.shift())
+        }
+        _ => bin + BIN_HEADER_SIZE + (i << class.shift()),
+    };
+    addr as *mut u8
+}
+
+/// The `n`-th lowest set bit of `bits` (`n < popcount(bits)`).
+#[inline(always)]
+fn nth_set_bit(mut bits: u64, n: u32) -> u32 {
+    for _ in 0..n {
+        bits &= bits - 1;
+    }
+    bits.trailing_zeros()
+}
+
+/// Reconcile `bin`'s list membership with its `used` word (INV(UA7)): listed iff carved, not
+/// retired and not full. Called after every transition into or out of "full", and on
+/// retirement; idempotent, so racing transitions settle on the last one.
+#[cold]
+#[inline(never)]
+pub(crate) fn sync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
+    let list = &arena.class(class).list.0;
+    list.lock.lock_single();
+    // Relaxed: the mutex orders this load after the transition of every earlier caller, and
+    // our own transition is before it in program order.
+    let used = bin.used_word();
+    let want = used & !USED_COUNT_MASK == 0 && used < class.slots();
+    let listed = bin.listed.load_relaxed() != 0;
+    if want && !listed {
+        list.push_locked(bin);
+    } else if !want && listed {
+        list.unlink_locked(bin);
+    }
+    list.lock.unlock();
+}
+
+/// Walks a class's bin list and claims slots, for a leader (or a lone lane) that holds slot
+/// units from the semaphore: INV(UA2) guarantees the free slots exist in the list, so `next`
+/// loops (leaving the read section and backing off between passes) until it finds some.
+pub(crate) struct ListClaimer<'x> {
+    arena: &'x Arena,
+    class: SizeClass,
+    reader: Option<SrcuReader<'x>>,
+    /// The bin the walk stands on (address, 0 = end); valid while `reader` is held.
+    cursor: u64,
+    steps: u32,
+    /// First bitmap word to try: spreads warps of one SM over a bin's words.
+    start_word: usize,
+    backoff: Backoff,
+}
+
+impl<'x> ListClaimer<'x> {
+    pub(crate) fn new(arena: &'x Arena, class: SizeClass) -> Self {
+        let hash = platform::global_timer_ns().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        let start_word = (hash as usize ^ platform::lane_id() as usize) % class.bitmap_words();
+        Self { arena, class, reader: None, cursor: 0, steps: 0, start_word, backoff: Backoff::new() }
+    }
+
+    /// Claim between 1 and `need` slots: `(bin address, word, bits)`.
+    pub(crate) fn next(&mut self, need: u32) -> (u64, u32, u64) {
+        let list = &self.arena.class(self.class).list.0;
+        loop {
+            if self.reader.is_none() {
+                self.reader = Some(self.arena.rcu.read_lock());
+                // Acquire: pairs with the release in `BinList::push_locked`/`unlink_locked`.
+                self.cursor = list.head.load_acquire();
+                self.steps = 0;
+            }
+            if self.cursor == 0 || self.steps >= SCAN_LIMIT {
+                // End of a pass: leave the read section so barriers can run, then start over.
+                self.reader = None;
+                self.backoff.snooze();
+                continue;
+            }
+            self.steps += 1;
+            // SAFETY: INV(UA7)/INV(RCU1): a bin reached from the list inside the read section
+            // is not returned to its chunk before the section ends.
+            let bin = unsafe { bin_at(self.cursor) };
+            debug_assert_eq!(bin.class(), Some(self.class));
+            match bin.claim(self.class, self.start_word, need) {
+                Claim::Got { word, bits, now_full } => {
+                    if now_full {
+                        sync_listing(self.arena, self.class, bin);
+                    }
+                    // Stay on this bin: it may have more for the rest of the group.
+                    return (self.cursor, word, bits);
+                }
+                Claim::NoneFree | Claim::Retired => {
+                    // Acquire: pairs with the release stores that linked the next bin.
+                    self.cursor = bin.next.load_acquire();
+                }
+            }
+        }
+    }
+}
+
+impl<S: ChunkSource> UAlloc<'_, S> {
+    /// A block of at least `size` bytes (`1..=MAX_SMALL_SIZE`), aligned to its class's
+    /// [`align`](SizeClass::align); null when out of memory or `size > MAX_SMALL_SIZE`. Never
+    /// hangs. Callable from any lanes of a warp in any convergence.
+    pub fn malloc(&self, size: usize) -> *mut u8 {
+        if size > MAX_SMALL_SIZE {
+            return ptr::null_mut();
+        }
+        let class = SizeClass::from_size(size);
+        let ai = self.arena_index();
+        let group = Group::of(CLASS_GROUP_TAG | (ai as u64) << 8 | class.index() as u64);
+        if group.is_single() { self.alloc_single(ai, class) } else { self.alloc_group(ai, class, &group) }
+    }
+
+    /// `out.len()` blocks of `size` bytes with ONE semaphore operation (the group path, for a
+    /// single thread): all or nothing. `out.len() <= 32`. Returns whether it succeeded; on
+    /// failure `out` is all null.
+    pub fn malloc_bulk(&self, size: usize, out: &mut [*mut u8]) -> bool {
+        out.fill(ptr::null_mut());
+        let k = out.len() as u32;
+        if size > MAX_SMALL_SIZE || k == 0 || k > MAX_GROUP {
+            return k == 0;
+        }
+        let class = SizeClass::from_size(size);
+        let ai = self.arena_index();
+        let arena = &self.arenas[ai];
+        match arena.class(class).slots.0.wait(k, class.slots()) {
+            Wait::Acquired => {
+                let mut claimer = ListClaimer::new(arena, class);
+                let mut assigned = 0;
+                while assigned < k {
+                    let (bin, word, bits) = claimer.next(k - assigned);
+                    let mut rest = bits;
+                    while rest != 0 {
+                        let slot = word * WORD_BITS as u32 + rest.trailing_zeros();
+                        out[assigned as usize] = slot_ptr(bin, class, slot);
+                        assigned += 1;
+                        rest &= rest - 1;
+                    }
+                }
+                true
+            }
+            Wait::MustRefill => match self.refill_bin(ai, class, k) {
+                Some(bin) => {
+                    for (i, p) in out.iter_mut().enumerate() {
+                        *p = slot_ptr(bin, class, i as u32);
+                    }
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    /// A lane alone with its class: one `wait`, one claim, no collectives.
+    fn alloc_single(&self, ai: usize, class: SizeClass) -> *mut u8 {
+        let arena = &self.arenas[ai];
+        match arena.class(class).slots.0.wait(1, class.slots()) {
+            Wait::Acquired => {
+                let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
+                slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros())
+            }
+            Wait::MustRefill => match self.refill_bin(ai, class, 1) {
+                Some(bin) => slot_ptr(bin, class, 0),
+                None => ptr::null_mut(),
+            },
+        }
+    }
+
+    /// The group fast path (`alloc_fast`): the leader takes `k` units with one `wait` and claims
+    /// slots for everyone, one broadcast per claim (usually one claim: one `fetch_or` on a
+    /// 64-bit word serves the whole group). Collective over `group` (collective.rs rules): the
+    /// loop runs the same number of times on every lane because `assigned` only changes by
+    /// broadcast values.
+    fn alloc_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
+        let arena = &self.arenas[ai];
+        let k = group.size();
+        let rank = group.rank();
+        let acquired = if group.is_leader() {
+            (arena.class(class).slots.0.wait(k, class.slots()) == Wait::Acquired) as u32
+        } else {
+            0
+        };
+        if group.broadcast_u32(acquired) == 0 {
+            let bin = if group.is_leader() { self.refill_bin(ai, class, k).unwrap_or(0) } else { 0 };
+            let bin = group.broadcast_u64(bin);
+            return if bin == 0 { ptr::null_mut() } else { slot_ptr(bin, class, rank) };
+        }
+        let mut claimer = if group.is_leader() { Some(ListClaimer::new(arena, class)) } else { None };
+        let mut assigned = 0;
+        let mut mine = ptr::null_mut();
+        while assigned < k {
+            let (bin, word, bits) = match claimer.as_mut() {
+                Some(c) => c.next(k - assigned),
+                None => (0, 0, 0),
+            };
+            let bin = group.broadcast_u64(bin);
+            let word = group.broadcast_u32(word);
+            let bits = group.broadcast_u64(bits);
+            let n = bits.count_ones();
+            if rank >= assigned && rank < assigned + n {
+                let slot = word * WORD_BITS as u32 + nth_set_bit(bits, rank - assigned);
+                mine = slot_ptr(bin, class, slot);
+            }
+            assigned += n;
+        }
+        mine
+    }
+}

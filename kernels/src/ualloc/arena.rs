@@ -1,0 +1,258 @@
+//! An arena: one per SM, with a bin list per size class and a chunk list per bin kind.
+//!
+//! ```text
+//!  Arena (repr(C), every hot word on its own 128 B line)
+//!  ┌──────────────┬─────────────────────────────────┬─────────────────────────────────────┐
+//!  │ Srcu (512 B) │ per class × 8:                  │ per kind × 2:                       │
+//!  │ epoch,       │  slots: BulkSemaphore  (line)   │  bins: BulkSemaphore       (line)   │
+//!  │ readers × 2, │  list: head + mutex    (line)   │  chunks: partial, all, mutex (line) │
+//!  │ queue        │                                 │                                     │
+//!  └──────────────┴─────────────────────────────────┴─────────────────────────────────────┘
+//!  slots semaphore C = free slots in the class's listed bins (INV(UA2))
+//!  bins semaphore  C = free bins in the kind's partial chunks (INV(UA9))
+//! ```
+//!
+//! Zeroed memory is a valid empty arena: every semaphore holds 0 units, every list is empty,
+//! every mutex is unlocked, the SRCU domain is idle.
+
+use crate::bulk_semaphore::BulkSemaphore;
+use crate::collective::CollectiveMutex;
+use crate::platform::{Atomic32, Atomic64};
+use crate::rcu::Srcu;
+use crate::size_class::{BinKind, NUM_CLASSES, NUM_KINDS, SizeClass};
+use crate::ualloc::bin::BinHeader;
+use crate::ualloc::chunk::ChunkHeader;
+
+/// Keeps a value on its own 128 B line.
+#[repr(C, align(128))]
+pub(crate) struct Line<T>(pub(crate) T);
+
+/// A class's list of bins with free slots (INV(UA7)): readers walk it under the arena's
+/// SRCU; writers link and unlink under `lock`.
+#[repr(C)]
+pub(crate) struct BinList {
+    /// First bin (address, 0 = empty).
+    pub(crate) head: Atomic64,
+    pub(crate) lock: CollectiveMutex,
+}
+
+/// Per size class.
+#[repr(C)]
+pub(crate) struct ClassState {
+    /// Free slots in the listed bins (INV(UA2)); batch = slots per bin.
+    pub(crate) slots: Line<BulkSemaphore>,
+    pub(crate) list: Line<BinList>,
+}
+
+/// The chunks of one kind an arena owns.
+#[repr(C)]
+pub(crate) struct ChunkList {
+    /// Chunks with free bins (address, 0 = empty). Under `lock`.
+    pub(crate) partial: Atomic64,
+    /// Every chunk of the arena and kind. Under `lock`.
+    pub(crate) all: Atomic64,
+    /// Number of chunks on `all`.
+    pub(crate) count: Atomic32,
+    pub(crate) lock: CollectiveMutex,
+}
+
+/// Per bin kind.
+#[repr(C)]
+pub(crate) struct KindState {
+    /// Free bins in the partial chunks (INV(UA9)); batch = bins per chunk.
+    pub(crate) bins: Line<BulkSemaphore>,
+    pub(crate) chunks: Line<ChunkList>,
+}
+
+/// One SM's share of UAlloc (see the module doc). All-zero memory is a valid empty arena.
+#[repr(C)]
+pub struct Arena {
+    pub(crate) rcu: Srcu,
+    pub(crate) classes: [ClassState; NUM_CLASSES],
+    pub(crate) kinds: [KindState; NUM_KINDS],
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(core::mem::size_of::<Arena>() == (4 + 2 * NUM_CLASSES + 2 * NUM_KINDS) * 128);
+
+impl Arena {
+    /// An empty arena (equal to all-zero memory).
+    pub fn new() -> Self {
+        Self {
+            rcu: Srcu::new(),
+            classes: core::array::from_fn(|_| ClassState {
+                slots: Line(BulkSemaphore::new(0)),
+                list: Line(BinList { head: Atomic64::new(0), lock: CollectiveMutex::new() }),
+            }),
+            kinds: core::array::from_fn(|_| KindState {
+                bins: Line(BulkSemaphore::new(0)),
+                chunks: Line(ChunkList {
+                    partial: Atomic64::new(0),
+                    all: Atomic64::new(0),
+                    count: Atomic32::new(0),
+                    lock: CollectiveMutex::new(),
+                }),
+            }),
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn class(&self, class: SizeClass) -> &ClassState {
+        &self.classes[class.index()]
+    }
+
+    #[inline(always)]
+    pub(crate) fn kind(&self, kind: BinKind) -> &KindState {
+        &self.kinds[kind.index()]
+    }
+
+    /// Chunks this arena owns (a snapshot).
+    pub fn chunk_count(&self) -> u32 {
+        self.kinds.iter().map(|k| k.chunks.0.count.load_relaxed()).sum()
+    }
+
+    /// The arena's SRCU domain (statistics and tests).
+    pub fn rcu(&self) -> &Srcu {
+        &self.rcu
+    }
+
+    /// `(C, E, R)` of the class's slot semaphore (statistics and tests).
+    pub fn slot_counters(&self, class: SizeClass) -> (u32, u32, u32) {
+        self.class(class).slots.0.counters()
+    }
+
+    /// `(C, E, R)` of the kind's bin semaphore (statistics and tests).
+    pub fn bin_counters(&self, kind: BinKind) -> (u32, u32, u32) {
+        self.kind(kind).bins.0.counters()
+    }
+}
+
+impl Default for Arena {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The bin at address `addr` (non-zero, a bin header of a live chunk).
+///
+/// # Safety
+/// `addr` is the header address of a bin in a chunk UAlloc owns, readable for `'a`.
+#[inline(always)]
+pub(crate) unsafe fn bin_at<'a>(addr: u64) -> &'a BinHeader {
+    // SAFETY: caller; headers are only accessed atomically.
+    unsafe { &*(addr as usize as *const BinHeader) }
+}
+
+/// The chunk header at address `addr` (non-zero, a live chunk).
+///
+/// # Safety
+/// `addr` is a chunk UAlloc owns.
+#[inline(always)]
+pub(crate) unsafe fn chunk_at<'a>(addr: u64) -> &'a ChunkHeader {
+    // SAFETY: caller.
+    unsafe { ChunkHeader::at(addr as usize) }
+}
+
+impl BinList {
+    /// Link `bin` at the head (under `lock`). Readers see it fully initialized: the head store
+    /// is a release (pairs with the acquire loads in the readers' walk).
+    pub(crate) fn push_locked(&self, bin: &BinHeader) {
+        debug_assert!(self.lock.is_locked() && bin.listed.load_relaxed() == 0);
+        let me = bin as *const BinHeader as u64;
+        let head = self.head.load_relaxed();
+        bin.next.store_relaxed(head);
+        bin.prev.store_relaxed(0);
+        if head != 0 {
+            // SAFETY: listed bins are live (INV(UA7)).
+            unsafe { bin_at(head) }.prev.store_relaxed(me);
+        }
+        bin.listed.store_relaxed(1);
+        // Release: pairs with the acquire load of `head` in `ListClaimer` (the bin's
+        // initialization and `next` happen before a reader reaches it).
+        self.head.store_release(me);
+    }
+
+    /// Unlink `bin` (under `lock`). `bin.next` is kept, so a reader standing on `bin` walks on
+    /// into the list.
+    pub(crate) fn unlink_locked(&self, bin: &BinHeader) {
+        debug_assert!(self.lock.is_locked() && bin.listed.load_relaxed() == 1);
+        let next = bin.next.load_relaxed();
+        let prev = bin.prev.load_relaxed();
+        if prev == 0 {
+            // Release: readers that load the new head see the rest of the list as linked.
+            self.head.store_release(next);
+        } else {
+            // SAFETY: listed bins are live (INV(UA7)).
+            unsafe { bin_at(prev) }.next.store_release(next);
+        }
+        if next != 0 {
+            // SAFETY: as above.
+            unsafe { bin_at(next) }.prev.store_relaxed(prev);
+        }
+        bin.listed.store_relaxed(0);
+    }
+}
+
+impl ChunkList {
+    /// Put `chunk` at the head of the partial list (under `lock`).
+    pub(crate) fn push_partial_locked(&self, chunk: &ChunkHeader) {
+        debug_assert!(chunk.listed.load_relaxed() == 0);
+        let me = chunk.base() as u64;
+        let head = self.partial.load_relaxed();
+        chunk.next.store_relaxed(head);
+        chunk.prev.store_relaxed(0);
+        if head != 0 {
+            // SAFETY: listed chunks are live.
+            unsafe { chunk_at(head) }.prev.store_relaxed(me);
+        }
+        chunk.listed.store_relaxed(1);
+        self.partial.store_relaxed(me);
+    }
+
+    /// Take `chunk` off the partial list (under `lock`).
+    pub(crate) fn unlink_partial_locked(&self, chunk: &ChunkHeader) {
+        debug_assert!(chunk.listed.load_relaxed() == 1);
+        let (next, prev) = (chunk.next.load_relaxed(), chunk.prev.load_relaxed());
+        if prev == 0 {
+            self.partial.store_relaxed(next);
+        } else {
+            // SAFETY: listed chunks are live.
+            unsafe { chunk_at(prev) }.next.store_relaxed(next);
+        }
+        if next != 0 {
+            // SAFETY: as above.
+            unsafe { chunk_at(next) }.prev.store_relaxed(prev);
+        }
+        chunk.listed.store_relaxed(0);
+    }
+
+    /// Add `chunk` to the list of all chunks (under `lock`).
+    pub(crate) fn push_all_locked(&self, chunk: &ChunkHeader) {
+        let me = chunk.base() as u64;
+        let head = self.all.load_relaxed();
+        chunk.all_next.store_relaxed(head);
+        chunk.all_prev.store_relaxed(0);
+        if head != 0 {
+            // SAFETY: chunks on `all` are live.
+            unsafe { chunk_at(head) }.all_prev.store_relaxed(me);
+        }
+        self.all.store_relaxed(me);
+        self.count.fetch_add_relaxed(1);
+    }
+
+    /// Remove `chunk` from the list of all chunks (under `lock`).
+    pub(crate) fn unlink_all_locked(&self, chunk: &ChunkHeader) {
+        let (next, prev) = (chunk.all_next.load_relaxed(), chunk.all_prev.load_relaxed());
+        if prev == 0 {
+            self.all.store_relaxed(next);
+        } else {
+            // SAFETY: chunks on `all` are live.
+            unsafe { chunk_at(prev) }.all_next.store_relaxed(next);
+        }
+        if next != 0 {
+            // SAFETY: as above.
+            unsafe { chunk_at(next) }.all_prev.store_relaxed(prev);
+        }
+        self.count.fetch_sub_relaxed(1);
+    }
+}

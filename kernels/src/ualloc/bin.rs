@@ -1,0 +1,339 @@
+//! A bin: a run of same-size slots behind a 128 B header with the slot bitmap.
+//!
+//! ```text
+//!  BinHeader (128 B, the bin's first block)
+//!  ┌──────────────────────────────┬──────┬──────┬──────┬──────┬──────┬────────┬─────┐
+//!  │ bitmap: 8 × u64 (512 slots)  │ next │ prev │ rcu  │ used │ info │ listed │ pad │
+//!  └──────────────────────────────┴──────┴──────┴──────┴──────┴──────┴────────┴─────┘
+//!   bit i of word w: slot 64w+i is taken, or does not exist (i ≥ slots: always set)
+//! ```
+//!
+//! Claiming is two-stage (the bulk semaphore of the class already guaranteed that a free slot
+//! exists somewhere in the arena's list): a claimer `fetch_or`s up to 32 free bits of one word
+//! (one atomic for a whole warp), then adds what it got to `used`. Releasing clears the bit,
+//! then decrements `used`. So the bitmap is the truth about slots and `used` lags it:
+//! INV(UA3): `count(used) == popcount(taken slot bits)` whenever no claim or release is between
+//! its two atomics. In between the count may be above the truth (a release cleared its bit, a
+//! claimer took and counted it, the release has not decremented yet) or below it, so "full"
+//! and "empty" are detected as crossings of the count (`old < slots <= new`, `old == slots`,
+//! `old == 1`), each crossing reconciled under the list mutex (INV(UA7)). A live release never
+//! sees a count of 0: its own slot's claim was counted before the slot was handed out.
+//!
+//! A bin is retired (returned to its chunk) only through `used`: the CAS `0 → RETIRED`
+//! (INV(UA4)). A claimer whose `fetch_add` finds `RETIRED` undoes its claim; a release that
+//! finds it reports a double free. The header is only touched with atomics, in place in the
+//! chunk's memory; zeroed memory is a bin that is not carved (`info == 0`).
+
+use crate::platform::{Atomic32, Atomic64};
+use crate::rcu::RcuHead;
+use crate::size_class::SizeClass;
+use crate::ualloc::layout::{BITMAP_WORDS, WORD_BITS};
+
+/// `used` bits that count claimed slots.
+pub const USED_COUNT_MASK: u32 = (1 << 12) - 1;
+/// `used` flag: the bin is retired (INV(UA4)). Any bit outside [`USED_COUNT_MASK`] makes the
+/// bin unclaimable: a release that races a retirement can transiently borrow into them.
+pub const USED_RETIRED: u32 = 1 << 31;
+
+const _: () = assert!(crate::ualloc::layout::MAX_SLOTS as u32 <= USED_COUNT_MASK);
+const _: () = assert!(USED_RETIRED & USED_COUNT_MASK == 0);
+
+/// The header of a bin (see the module doc). Lives at the bin's first byte.
+#[repr(C, align(128))]
+pub struct BinHeader {
+    /// Slot bitmap (module doc).
+    bitmap: [Atomic64; BITMAP_WORDS],
+    /// Next bin of the class list (address, 0 = end). Read by RCU readers, written under the
+    /// class list's mutex; kept when the bin is unlinked, so readers standing on it go on.
+    pub(crate) next: Atomic64,
+    /// Previous bin of the class list (0 = head). Under the list's mutex only.
+    pub(crate) prev: Atomic64,
+    /// Link for the deferred return to the chunk.
+    pub(crate) rcu: RcuHead,
+    /// Claimed slots plus [`USED_RETIRED`] (INV(UA3), INV(UA4)).
+    used: Atomic32,
+    /// `class index + 1` while carved, 0 otherwise (INV(UA5)).
+    info: Atomic32,
+    /// 1 while linked into its class list (INV(UA7)). Under the list's mutex only.
+    pub(crate) listed: Atomic32,
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(core::mem::size_of::<BinHeader>() == crate::ualloc::layout::BIN_HEADER_SIZE);
+
+/// What one [`BinHeader::claim`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Slots `64 * word + i` for each bit `i` of `bits` are the caller's. `now_full`: this claim
+    /// took the last free slot (the caller must unlink the bin, INV(UA7)).
+    Got { word: u32, bits: u64, now_full: bool },
+    /// No free bit was found in one pass over the words.
+    NoneFree,
+    /// The bin is retired (or being); nothing was taken.
+    Retired,
+}
+
+/// What one [`BinHeader::release`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// The slot was freed. `was_full`: the bin was full (the caller must relink it);
+    /// `now_empty`: it was the last claimed slot (the caller may retire the bin).
+    Freed { was_full: bool, now_empty: bool },
+    /// The slot's bit was already clear (or the bin was retired): nothing changed.
+    DoubleFree,
+}
+
+/// The lowest `n` set bits of `bits`.
+#[inline(always)]
+pub fn lowest_bits(bits: u64, n: u32) -> u64 {
+    if bits.count_ones() <= n {
+        return bits;
+    }
+    let mut rest = bits;
+    let mut out = 0;
+    for _ in 0..n {
+        let low = rest & rest.wrapping_neg();
+        out |= low;
+        rest ^= low;
+    }
+    out
+}
+
+/// The bitmap word `w` of a fresh bin of `slots` slots with its first `claimed` slots taken.
+#[inline(always)]
+fn initial_word(w: usize, slots: u32, claimed: u32) -> u64 {
+    let lo = (w * WORD_BITS) as u32;
+    let taken = |n: u32| -> u64 {
+        // Bits `0..n - lo` of this word, clamped to the word.
+        match n.saturating_sub(lo) {
+            0 => 0,
+            k if k >= WORD_BITS as u32 => u64::MAX,
+            k => (1u64 << k) - 1,
+        }
+    };
+    // Slots that do not exist are permanently taken.
+    taken(claimed) | !taken(slots)
+}
+
+impl BinHeader {
+    /// A header that is not carved (all-zero); for loom models and tests. In the allocator
+    /// headers live in chunk memory and are used in place.
+    pub fn new() -> Self {
+        Self {
+            bitmap: core::array::from_fn(|_| Atomic64::new(0)),
+            next: Atomic64::new(0),
+            prev: Atomic64::new(0),
+            rcu: RcuHead::new(),
+            used: Atomic32::new(0),
+            info: Atomic32::new(0),
+            listed: Atomic32::new(0),
+        }
+    }
+
+    /// Carve the bin for `class` with its first `claimed` slots taken. The caller owns the bin
+    /// exclusively (just taken from its chunk) and publishes it afterwards (list link, release).
+    pub fn init(&self, class: SizeClass, claimed: u32) {
+        debug_assert!(claimed <= class.slots());
+        for (w, word) in self.bitmap.iter().enumerate() {
+            word.store_relaxed(initial_word(w, class.slots(), claimed));
+        }
+        self.used.store_relaxed(claimed);
+        self.next.store_relaxed(0);
+        self.prev.store_relaxed(0);
+        self.listed.store_relaxed(0);
+        // Release: pairs with the acquire in `class` (a `free` validating a pointer sees a
+        // fully initialized bin once it sees the class).
+        self.info.store_release(class.index() as u32 + 1);
+    }
+
+    /// The class while carved (INV(UA5)).
+    #[inline(always)]
+    pub fn class(&self) -> Option<SizeClass> {
+        // Acquire: pairs with the release in `init`.
+        let info = self.info.load_acquire();
+        SizeClass::from_index((info as usize).wrapping_sub(1))
+    }
+
+    /// Mark the bin not carved (it goes back to its chunk; INV(UA5)).
+    pub fn uncarve(&self) {
+        self.info.store_release(0);
+    }
+
+    /// Claim up to `need` free slots in one word, trying the words from `start` on. One
+    /// `fetch_or` and one `fetch_add` when it succeeds.
+    #[inline]
+    pub fn claim(&self, class: SizeClass, start: usize, need: u32) -> Claim {
+        debug_assert!(need > 0);
+        if self.used.load_relaxed() & !USED_COUNT_MASK != 0 {
+            return Claim::Retired;
+        }
+        let words = class.bitmap_words();
+        for j in 0..words {
+            let w = (start + j) % words;
+            let free = !self.bitmap[w].load_relaxed();
+            if free == 0 {
+                continue;
+            }
+            let want = lowest_bits(free, need);
+            // Acquire: pairs with the release in `release` by the slot's previous owner (its
+            // writes happen before ours). Release: orders nothing we need; acq_rel is the only
+            // ordered `or` the platform has.
+            let old = self.bitmap[w].fetch_or_acq_rel(want);
+            let bits = want & !old;
+            if bits == 0 {
+                continue;
+            }
+            let n = bits.count_ones();
+            // Acq_rel: pairs with the CAS in `try_retire` (INV(UA4)): either it saw our count,
+            // or we see its flag.
+            let used = self.used.fetch_add_acq_rel(n);
+            if used & !USED_COUNT_MASK != 0 {
+                // Retired under us: give the bits and the count back (INV(UA4)).
+                self.bitmap[w].fetch_and_relaxed(!bits);
+                self.used.fetch_sub_relaxed(n);
+                return Claim::Retired;
+            }
+            // A crossing test: the count may exceed `slots` for a moment (INV(UA3)).
+            let old = used & USED_COUNT_MASK;
+            let now_full = old < class.slots() && old + n >= class.slots();
+            return Claim::Got { word: w as u32, bits, now_full };
+        }
+        Claim::NoneFree
+    }
+
+    /// Free slot `slot` (`< class.slots()`).
+    #[inline]
+    pub fn release(&self, class: SizeClass, slot: u32) -> Release {
+        debug_assert!(slot < class.slots());
+        let w = slot as usize / WORD_BITS;
+        let bit = 1u64 << (slot as usize % WORD_BITS);
+        // Release: the owner's writes to the slot happen before the next claimer's acquire
+        // `fetch_or` (pairs with `claim`).
+        let old = self.bitmap[w].fetch_and_acq_rel(!bit);
+        if old & bit == 0 {
+            return Release::DoubleFree;
+        }
+        // Acq_rel: pairs with `claim`'s fetch_add and `try_retire`'s CAS.
+        let used = self.used.fetch_sub_acq_rel(1);
+        if used & !USED_COUNT_MASK != 0 || used & USED_COUNT_MASK == 0 {
+            // The bit was set but not counted: a claim between its two atomics, or a retired
+            // bin. Only a double free racing a claim of the same slot gets here: undo.
+            self.used.fetch_add_relaxed(1);
+            self.bitmap[w].fetch_or_relaxed(bit);
+            return Release::DoubleFree;
+        }
+        let count = used & USED_COUNT_MASK;
+        Release::Freed { was_full: count == class.slots(), now_empty: count == 1 }
+    }
+
+    /// Retire the bin if no slot is claimed: `used` 0 → RETIRED (INV(UA4)). After success no
+    /// claim can succeed on this bin until it is carved again.
+    #[inline]
+    pub fn try_retire(&self) -> bool {
+        // Acq_rel: pairs with the fetch_add in `claim` and the fetch_sub in `release`.
+        self.used.compare_exchange_acq_rel(0, USED_RETIRED).is_ok()
+    }
+
+    /// `used` as a snapshot: claimed count plus flags.
+    #[inline(always)]
+    pub fn used_word(&self) -> u32 {
+        self.used.load_relaxed()
+    }
+
+    /// Claimed slots (a snapshot; `u32::MAX` when retired).
+    #[inline(always)]
+    pub fn used_count(&self) -> u32 {
+        let u = self.used.load_relaxed();
+        if u & !USED_COUNT_MASK != 0 { u32::MAX } else { u }
+    }
+
+    /// Whether the bin is retired (a snapshot).
+    #[inline(always)]
+    pub fn is_retired(&self) -> bool {
+        self.used.load_relaxed() & !USED_COUNT_MASK != 0
+    }
+
+    /// Taken slot bits of the bitmap, counted (quiescent checks).
+    pub fn taken_slots(&self, class: SizeClass) -> u32 {
+        let mut n = 0;
+        for w in 0..class.bitmap_words() {
+            let valid = !initial_word(w, class.slots(), 0);
+            n += (self.bitmap[w].load_relaxed() & valid).count_ones();
+        }
+        n
+    }
+
+    /// Whether slot `slot`'s bit is set (tests).
+    pub fn is_taken(&self, slot: u32) -> bool {
+        let w = slot as usize / WORD_BITS;
+        self.bitmap[w].load_relaxed() & (1 << (slot as usize % WORD_BITS)) != 0
+    }
+}
+
+impl Default for BinHeader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn c(size: usize) -> SizeClass {
+        SizeClass::from_size(size)
+    }
+
+    #[test]
+    fn initial_words_mark_missing_slots() {
+        // 408 slots: words 0..6 free, word 6 has 24 slots.
+        assert_eq!(initial_word(0, 408, 0), 0);
+        assert_eq!(initial_word(6, 408, 0), !((1u64 << 24) - 1));
+        assert_eq!(initial_word(7, 408, 0), u64::MAX);
+        assert_eq!(initial_word(0, 408, 3), 0b111);
+        assert_eq!(initial_word(1, 408, 70), 0b11_1111);
+        assert_eq!(lowest_bits(0b1011_0100, 2), 0b0001_0100);
+        assert_eq!(lowest_bits(0b101, 5), 0b101);
+    }
+
+    #[test]
+    fn claim_until_full_then_release_until_empty() {
+        let b = BinHeader::new();
+        let class = c(128);
+        b.init(class, 1);
+        assert_eq!(b.class(), Some(class));
+        let mut got = 1;
+        loop {
+            match b.claim(class, 0, 7) {
+                Claim::Got { bits, now_full, .. } => {
+                    got += bits.count_ones();
+                    assert_eq!(now_full, got == class.slots());
+                }
+                Claim::NoneFree => break,
+                Claim::Retired => unreachable!(),
+            }
+        }
+        assert_eq!(got, 32);
+        assert_eq!(b.taken_slots(class), 32);
+        assert_eq!(b.release(class, 31), Release::Freed { was_full: true, now_empty: false });
+        assert_eq!(b.release(class, 31), Release::DoubleFree);
+        for s in 1..31 {
+            assert!(matches!(b.release(class, s), Release::Freed { now_empty: false, .. }));
+        }
+        assert!(!b.try_retire());
+        assert_eq!(b.release(class, 0), Release::Freed { was_full: false, now_empty: true });
+        assert!(b.try_retire());
+        assert_eq!(b.claim(class, 0, 1), Claim::Retired);
+        assert_eq!(b.release(class, 0), Release::DoubleFree);
+        assert_eq!(b.used_word(), USED_RETIRED);
+        b.uncarve();
+        assert_eq!(b.class(), None);
+    }
+
+    #[test]
+    fn zeroed_header_is_not_carved() {
+        // SAFETY: host atomics are plain integers; all-zero is `new()`.
+        let b: BinHeader = unsafe { core::mem::zeroed() };
+        assert_eq!(b.class(), None);
+    }
+}

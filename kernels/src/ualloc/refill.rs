@@ -1,0 +1,224 @@
+//! The slow paths: a new bin for a class (`refill_bin`), bins from the arena's chunks
+//! (`take_bin`, collective), new chunks (`adopt_chunk`), and the way back (`return_bin`).
+
+use crate::bulk_semaphore::Wait;
+use crate::collective::Group;
+use crate::platform::Backoff;
+use crate::size_class::{BinKind, SizeClass};
+use crate::ualloc::arena::{ChunkList, bin_at, chunk_at};
+use crate::ualloc::bin::BinHeader;
+use crate::ualloc::chunk::{ChunkHeader, bin_offset, bins_per_chunk, chunk_base};
+use crate::ualloc::layout::CHUNK_SIZE;
+use crate::ualloc::{ChunkSource, KIND_GROUP_TAG, UAlloc};
+
+/// How often a refill that found no chunk runs [`UAlloc::reclaim`] and tries again before it
+/// reports out of memory: bins and chunks in a grace period are memory that is about to come
+/// back. Two passes also catch a chunk whose return was queued by the first pass's callbacks.
+const OOM_RETRIES: u32 = 2;
+
+/// The `rank`-th free bin on the partial list, in list order (under the list's mutex).
+/// INV(UA9): the caller holds `rank + 1` or more units of the bins semaphore, so it exists.
+fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, usize) {
+    let mut at = list.partial.load_relaxed();
+    loop {
+        assert!(at != 0, "INV(UA9): fewer free bins than semaphore units");
+        // SAFETY: chunks on the partial list are live (INV(UA10)).
+        let chunk = unsafe { chunk_at(at) };
+        let n = chunk.n_free.load_relaxed();
+        if rank < n {
+            let bin = chunk.nth_free_bin(rank).expect("INV(UA9): n_free matches free_bins");
+            return (chunk, bin);
+        }
+        rank -= n;
+        at = chunk.next.load_relaxed();
+    }
+}
+
+impl<S: ChunkSource> UAlloc<'_, S> {
+    /// The slow path of malloc (`alloc_slow`): after `MustRefill` on the class's slots
+    /// semaphore, carve a new bin with its first `k` slots taken, list it, and signal the rest
+    /// (or retract the promise when out of memory, INV(SEM4)). Returns the bin's address.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refill_bin(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
+        let arena = &self.arenas[ai];
+        let slots = &arena.class(class).slots.0;
+        let rest = class.slots() - k;
+        let mut retries = 0;
+        let addr = loop {
+            if let Some(addr) = self.take_bin(ai, class.kind()) {
+                break addr;
+            }
+            // Out of chunks. Bins and chunks may be on their way back (waiting out a grace
+            // period): finish those returns and try again before failing.
+            if retries == OOM_RETRIES || !self.reclaim() {
+                slots.retract(rest);
+                return None;
+            }
+            retries += 1;
+        };
+        // SAFETY: `take_bin` handed us this bin of a live chunk, exclusively.
+        let bin = unsafe { bin_at(addr) };
+        bin.init(class, k);
+        if rest > 0 {
+            let list = &arena.class(class).list.0;
+            list.lock.lock_single();
+            list.push_locked(bin);
+            list.lock.unlock();
+        }
+        // INV(UA2): the bin is listed before its units are.
+        slots.signal(rest, rest);
+        Some(addr)
+    }
+
+    /// Run the RCU barriers of every arena that has deferred returns queued, so that retired
+    /// bins are back in their chunks and idle chunks back in the source. Returns whether any
+    /// arena had work queued. Must not be called inside a read section.
+    #[cold]
+    #[inline(never)]
+    fn reclaim(&self) -> bool {
+        let mut any = false;
+        for arena in self.arenas {
+            if !arena.rcu.is_idle() {
+                any = true;
+                arena.rcu.barrier(|head| self.run_callback(head));
+            }
+        }
+        any
+    }
+
+    /// One fresh bin of `kind` for each lane that calls this now (collective over those
+    /// lanes, grouped by arena and kind; collective.rs rules: straight-line code, the branches
+    /// below depend on broadcast values only). The group takes `k` units of the bins semaphore
+    /// with one `wait`, enters the chunk list with one lock, each member walks to the free bin
+    /// at its rank, and the last member splits the exhausted chunks off the list.
+    #[cold]
+    #[inline(never)]
+    fn take_bin(&self, ai: usize, kind: BinKind) -> Option<u64> {
+        let ks = self.arenas[ai].kind(kind);
+        let group = Group::of(KIND_GROUP_TAG | (ai as u64) << 8 | kind.index() as u64);
+        let per = bins_per_chunk(kind);
+        let k = group.size();
+        let rank = group.rank();
+        // A warp's lanes that need bins of one kind are leaders of distinct classes.
+        debug_assert!(k <= per);
+        let acquired =
+            if group.is_leader() { (ks.bins.0.wait(k, per) == Wait::Acquired) as u32 } else { 0 };
+        if group.broadcast_u32(acquired) == 0 {
+            let chunk = if group.is_leader() { self.adopt_chunk(ai, kind, k) } else { 0 };
+            let chunk = group.broadcast_u64(chunk);
+            return if chunk == 0 { None } else { Some(chunk + bin_offset(kind, rank as usize) as u64) };
+        }
+        let list = &ks.chunks.0;
+        list.lock.lock(&group);
+        // Phase 1, read-only: find this member's bin.
+        let (chunk, index) = nth_free_bin(list, rank);
+        group.sync();
+        // Phase 2: take it (members take distinct bits).
+        chunk.take_bin(index);
+        group.sync();
+        // Phase 3: the highest rank took the last bin in list order; every chunk before its
+        // own is now full: split them off (INV(UA10)).
+        if rank == k - 1 {
+            let stop = if chunk.n_free.load_relaxed() == 0 { chunk.next.load_relaxed() } else { chunk.base() as u64 };
+            let mut at = list.partial.load_relaxed();
+            while at != stop {
+                // SAFETY: chunks on the partial list are live.
+                let full = unsafe { chunk_at(at) };
+                debug_assert_eq!(full.n_free.load_relaxed(), 0);
+                full.listed.store_relaxed(0);
+                at = full.next.load_relaxed();
+            }
+            list.partial.store_relaxed(stop);
+            if stop != 0 {
+                // SAFETY: as above.
+                unsafe { chunk_at(stop) }.prev.store_relaxed(0);
+            }
+        }
+        list.lock.unlock();
+        Some((chunk.base() + bin_offset(kind, index)) as u64)
+    }
+
+    /// After `MustRefill` on the bins semaphore: adopt a chunk from the source with its first
+    /// `k` bins taken, list it and signal the other bins; 0 (and the promise retracted) when
+    /// the source is out of memory.
+    #[cold]
+    #[inline(never)]
+    fn adopt_chunk(&self, ai: usize, kind: BinKind, k: u32) -> u64 {
+        let ks = self.arenas[ai].kind(kind);
+        let per = bins_per_chunk(kind);
+        let Some(base) = self.source.alloc_chunk() else {
+            ks.bins.0.retract(per - k);
+            return 0;
+        };
+        debug_assert!(base as usize % CHUNK_SIZE == 0, "ChunkSource returned a misaligned chunk");
+        // SAFETY: a fresh chunk from the source is ours alone.
+        let chunk = unsafe { ChunkHeader::adopt(base as usize, ai as u32, kind, k) };
+        let list = &ks.chunks.0;
+        list.lock.lock_single();
+        list.push_all_locked(chunk);
+        if k < per {
+            list.push_partial_locked(chunk);
+        }
+        list.lock.unlock();
+        // INV(UA9): listed before its units are.
+        ks.bins.0.signal(per - k, per - k);
+        base as u64
+    }
+
+    /// An RCU callback: the retired `bin` goes back to its chunk; a chunk left with no carved
+    /// bin goes back to the source after one more grace period (INV(UA11)).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn return_bin(&self, bin: &BinHeader) {
+        let base = chunk_base(bin as *const BinHeader as usize);
+        // SAFETY: a retired bin's chunk is live until its last bin is back (INV(UA11)).
+        let chunk = unsafe { ChunkHeader::at(base) };
+        let ai = chunk.arena.load_relaxed() as usize;
+        let kind = chunk.kind();
+        let arena = &self.arenas[ai];
+        let ks = arena.kind(kind);
+        let per = bins_per_chunk(kind);
+        let index = chunk.bin_index(bin);
+        // INV(UA5): from now on `free` rejects pointers into this bin.
+        bin.uncarve();
+        let list = &ks.chunks.0;
+        list.lock.lock_single();
+        let free_bins = chunk.put_bin(index);
+        if chunk.listed.load_relaxed() == 0 {
+            list.push_partial_locked(chunk);
+        }
+        if free_bins < per {
+            list.lock.unlock();
+            ks.bins.0.release(1);
+            return;
+        }
+        // Every bin is free: take the other bins' units back and give the chunk away. The
+        // units may be out with waiters that have not taken a bin yet; they take one from this
+        // chunk (ending the attempt) unless bins come back elsewhere, so the loop ends
+        // (INV(UA11)). The mutex is dropped between tries so that they can.
+        let mut backoff = Backoff::new();
+        loop {
+            if chunk.n_free.load_relaxed() != per {
+                list.lock.unlock();
+                ks.bins.0.release(1);
+                return;
+            }
+            if ks.bins.0.try_wait(per - 1) {
+                list.unlink_partial_locked(chunk);
+                list.unlink_all_locked(chunk);
+                // INV(UA8): no longer UAlloc's. Relaxed: the grace period below orders it before
+                // the chunk goes back (the release in `call_rcu` publishes it to the owner).
+                chunk.magic.store_relaxed(0);
+                list.lock.unlock();
+                // SAFETY: the chunk is off every list; its header stays valid until the
+                // callback frees it; queued once.
+                unsafe { arena.rcu.call_rcu(&chunk.rcu) };
+                return;
+            }
+            list.lock.unlock();
+            backoff.snooze();
+            list.lock.lock_single();
+        }
+    }
+}

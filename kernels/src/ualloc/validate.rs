@@ -1,0 +1,121 @@
+//! `assert_valid`: a quiescent consistency check of every arena (tests call it between
+//! steps). Walks every chunk, bin and list and checks the UA/RCU invariants.
+
+use crate::size_class::{BinKind, NUM_CLASSES, SizeClass};
+use crate::ualloc::arena::{bin_at, chunk_at};
+use crate::ualloc::bin::USED_COUNT_MASK;
+use crate::ualloc::chunk::bins_per_chunk;
+use crate::ualloc::layout::WORD_BITS;
+use crate::ualloc::{ChunkSource, UAlloc};
+
+impl<S: ChunkSource> UAlloc<'_, S> {
+    /// Check every invariant that holds when no operation is in flight; panics on the first
+    /// violation. Quiescent use only (tests, between kernels).
+    pub fn assert_valid(&self) {
+        for (ai, arena) in self.arenas.iter().enumerate() {
+            // INV(RCU3): nothing left queued, no owner, no reader.
+            assert!(arena.rcu.is_idle(), "arena {ai}: RCU callbacks left queued");
+            assert_eq!(arena.rcu.readers(), (0, 0), "arena {ai}: readers inside");
+            let mut free_slots = [0u32; NUM_CLASSES];
+            let mut listed_bins = [0u32; NUM_CLASSES];
+            for kind in BinKind::ALL {
+                let ks = arena.kind(kind);
+                let list = &ks.chunks.0;
+                assert!(!list.lock.is_locked(), "arena {ai}: chunk list locked");
+                let per = bins_per_chunk(kind);
+                let (mut chunks, mut partial_free, mut listed_chunks) = (0, 0, 0);
+                let mut at = list.all.load_relaxed();
+                let mut prev = 0;
+                while at != 0 {
+                    // SAFETY: chunks on `all` are live (checked just below).
+                    let chunk = unsafe { chunk_at(at) };
+                    assert!(chunk.is_live(), "INV(UA8): chunk {at:#x} on a list without magic");
+                    assert_eq!(chunk.arena.load_relaxed() as usize, ai);
+                    assert_eq!(chunk.kind(), kind);
+                    assert_eq!(chunk.all_prev.load_relaxed(), prev);
+                    let mut n_free = 0;
+                    for (w, word) in chunk.free_bins.iter().enumerate() {
+                        let bits = word.load_relaxed();
+                        n_free += bits.count_ones();
+                        for b in 0..WORD_BITS {
+                            if bits & (1 << b) != 0 {
+                                assert!(((w * WORD_BITS + b) as u32) < per, "free bit past the last bin");
+                            }
+                        }
+                    }
+                    assert_eq!(chunk.n_free.load_relaxed(), n_free, "INV(UA9)");
+                    // INV(UA11): an idle chunk with no carved bin is given back.
+                    assert!(n_free < per, "INV(UA11): chunk {at:#x} has no carved bin");
+                    let listed = chunk.listed.load_relaxed() != 0;
+                    assert_eq!(listed, n_free > 0, "INV(UA10)");
+                    if listed {
+                        partial_free += n_free;
+                        listed_chunks += 1;
+                    }
+                    for b in 0..per as usize {
+                        let bin = chunk.bin(b);
+                        if chunk.is_bin_free(b) {
+                            assert_eq!(bin.class(), None, "INV(UA5): free bin carved");
+                            continue;
+                        }
+                        let class = bin.class().expect("INV(UA5): taken bin not carved");
+                        assert_eq!(class.kind(), kind);
+                        let used = bin.used_word();
+                        assert_eq!(used & !USED_COUNT_MASK, 0, "INV(UA4): retired bin not returned");
+                        assert_eq!(used, bin.taken_slots(class), "INV(UA3)");
+                        // INV(UA4): empty bins are retired.
+                        assert!(used > 0, "INV(UA4): empty bin {:#x} not retired", bin as *const _ as usize);
+                        let listed = bin.listed.load_relaxed() != 0;
+                        assert_eq!(listed, used < class.slots(), "INV(UA7)");
+                        if listed {
+                            free_slots[class.index()] += class.slots() - used;
+                            listed_bins[class.index()] += 1;
+                        }
+                    }
+                    chunks += 1;
+                    prev = at;
+                    at = chunk.all_next.load_relaxed();
+                }
+                assert_eq!(list.count.load_relaxed(), chunks);
+                // The partial list holds exactly the listed chunks.
+                let (mut walked, mut prev) = (0, 0);
+                let mut at = list.partial.load_relaxed();
+                while at != 0 {
+                    // SAFETY: partial chunks are live.
+                    let chunk = unsafe { chunk_at(at) };
+                    assert!(chunk.listed.load_relaxed() != 0 && chunk.kind() == kind);
+                    assert_eq!(chunk.prev.load_relaxed(), prev);
+                    walked += 1;
+                    prev = at;
+                    at = chunk.next.load_relaxed();
+                }
+                assert_eq!(walked, listed_chunks, "INV(UA10): partial list");
+                // INV(UA9): the bins semaphore counts exactly the free bins.
+                assert_eq!(ks.bins.0.counters(), (partial_free, 0, 0), "INV(UA9): arena {ai} {kind:?}");
+            }
+            for class in SizeClass::ALL {
+                let cs = arena.class(class);
+                assert!(!cs.list.0.lock.is_locked());
+                let (mut walked, mut prev) = (0, 0);
+                let mut at = cs.list.0.head.load_relaxed();
+                while at != 0 {
+                    // SAFETY: listed bins are live.
+                    let bin = unsafe { bin_at(at) };
+                    assert_eq!(bin.class(), Some(class), "INV(UA7): bin on the wrong list");
+                    assert!(bin.listed.load_relaxed() != 0);
+                    assert_eq!(bin.prev.load_relaxed(), prev);
+                    walked += 1;
+                    prev = at;
+                    at = bin.next.load_relaxed();
+                }
+                assert_eq!(walked, listed_bins[class.index()], "INV(UA7): {class:?} list");
+                // INV(UA2): the slots semaphore counts exactly the free slots of listed bins.
+                assert_eq!(
+                    cs.slots.0.counters(),
+                    (free_slots[class.index()], 0, 0),
+                    "INV(UA2): arena {ai} {class:?}"
+                );
+            }
+        }
+    }
+}
