@@ -43,14 +43,31 @@ impl Group {
     #[inline(always)]
     pub fn of(key: u64) -> Self {
         let active = platform::active_mask();
-        Self { mask: platform::match_any(active, key), lane: platform::lane_id() }
+        Self {
+            mask: platform::match_any(active, key),
+            lane: platform::lane_id(),
+        }
     }
 
     /// This lane alone (a group of one; every collective on it is trivial).
     #[inline(always)]
     pub fn single() -> Self {
         let lane = platform::lane_id();
-        Self { mask: 1 << lane, lane }
+        Self {
+            mask: 1 << lane,
+            lane,
+        }
+    }
+
+    /// This lane's part of the group cut into consecutive runs of at most `max` lanes by rank
+    /// (lanes `0..max` of the group, then `max..2 max`, ...). For a resource whose batch is
+    /// smaller than a warp. No collective: every lane computes it from the mask.
+    #[inline(always)]
+    pub fn split(&self, max: u32) -> Group {
+        Group {
+            mask: split_mask(self.mask, self.lane, max),
+            lane: self.lane,
+        }
     }
 
     /// The lanes of the group.
@@ -117,6 +134,29 @@ impl Group {
     }
 }
 
+/// The lanes of `mask` whose rank divided by `max` equals that of `lane` (see
+/// [`Group::split`]).
+#[inline(always)]
+pub fn split_mask(mask: u32, lane: u32, max: u32) -> u32 {
+    debug_assert!(max > 0 && mask & (1 << lane) != 0);
+    if mask.count_ones() <= max {
+        return mask;
+    }
+    let part = platform::rank_in(mask, lane) / max;
+    let mut rest = mask;
+    let mut rank = 0;
+    let mut out = 0;
+    while rest != 0 {
+        let bit = rest & rest.wrapping_neg();
+        if rank / max == part {
+            out |= bit;
+        }
+        rank += 1;
+        rest ^= bit;
+    }
+    out
+}
+
 /// A mutex that a [`Group`] takes with one acquisition (see the module doc). 4 bytes; zeroed
 /// memory is unlocked.
 #[repr(C)]
@@ -128,7 +168,9 @@ pub struct CollectiveMutex {
 impl CollectiveMutex {
     /// An unlocked mutex (all-zero).
     pub fn new() -> Self {
-        Self { inside: Atomic32::new(0) }
+        Self {
+            inside: Atomic32::new(0),
+        }
     }
 
     /// Collective lock: every lane of `group` calls it; when it returns, all of them are
@@ -201,6 +243,22 @@ mod tests {
         assert!(g.is_single() && g.is_leader());
         assert_eq!((g.size(), g.rank()), (1, 0));
         assert_eq!(g.broadcast_u64(7), 7);
+    }
+
+    #[test]
+    fn split_cuts_by_rank() {
+        let mask = 0b1011_0110_1101u32;
+        // Ranks: lane 0→0, 2→1, 3→2, 5→3, 6→4, 8→5, 9→6, 11→7.
+        assert_eq!(split_mask(mask, 0, 3), 0b1101);
+        assert_eq!(split_mask(mask, 3, 3), 0b1101);
+        assert_eq!(split_mask(mask, 5, 3), 0b1_0110_0000);
+        assert_eq!(split_mask(mask, 9, 3), 0b1010_0000_0000);
+        assert_eq!(split_mask(mask, 9, 8), mask);
+        assert_eq!(split_mask(u32::MAX, 31, 5), 0b11 << 30);
+        for lane in 0..32 {
+            let m = split_mask(u32::MAX, lane, 5);
+            assert!(m.count_ones() <= 5 && m & (1 << lane) != 0);
+        }
     }
 
     #[test]

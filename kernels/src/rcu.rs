@@ -60,7 +60,9 @@ pub struct RcuHead {
 impl RcuHead {
     /// An unqueued head (all-zero).
     pub fn new() -> Self {
-        Self { next: Atomic64::new(0) }
+        Self {
+            next: Atomic64::new(0),
+        }
     }
 }
 
@@ -126,7 +128,10 @@ impl Srcu {
         Self {
             epoch: Line(Atomic32::new(0)),
             readers: [Line(Atomic32::new(0)), Line(Atomic32::new(0))],
-            writers: Line(Writers { state: Atomic32::new(0), queue: Atomic64::new(0) }),
+            writers: Line(Writers {
+                state: Atomic32::new(0),
+                queue: Atomic64::new(0),
+            }),
         }
     }
 
@@ -147,7 +152,8 @@ impl Srcu {
                 return SrcuReader { srcu: self, parity };
             }
             // The epoch moved between our load and our count: the owner may have already
-            // checked this parity. Leave and enter again in the new epoch.
+            // checked this parity. Leave and enter again in the new epoch (release: pairs with
+            // the owner's acquire load of the count, as in `drop`).
             self.readers[parity].0.fetch_sub_acq_rel(1);
             e = now;
         }
@@ -184,6 +190,8 @@ impl Srcu {
     /// Must not be called inside a read section of `self`.
     pub fn barrier_conditional(&self, mut run: impl FnMut(*const RcuHead)) -> Barrier {
         let state = &self.writers.0.state;
+        // Acquire: pairs with the owner's final CAS (a finished owner's callbacks happen before
+        // our `Idle`).
         let mut s = state.load_acquire();
         loop {
             if s & RUNNING != 0 {
@@ -258,7 +266,10 @@ impl Srcu {
 
     /// Readers inside, by parity (tests and statistics).
     pub fn readers(&self) -> (u32, u32) {
-        (self.readers[0].0.load_relaxed(), self.readers[1].0.load_relaxed())
+        (
+            self.readers[0].0.load_relaxed(),
+            self.readers[1].0.load_relaxed(),
+        )
     }
 
     /// No owner running, nothing queued (a quiescent check for tests).
@@ -304,9 +315,12 @@ mod tests {
             unsafe { s.call_rcu(&**h) };
         }
         drop(r);
-        assert_eq!(s.barrier_conditional(|_| {
-            ran.fetch_add(1, SeqCst);
-        }), Barrier::Ran);
+        assert_eq!(
+            s.barrier_conditional(|_| {
+                ran.fetch_add(1, SeqCst);
+            }),
+            Barrier::Ran
+        );
         assert_eq!(ran.load(SeqCst), 3);
         assert_eq!(s.epoch(), 1);
         assert!(s.is_idle());

@@ -109,7 +109,11 @@ impl SizeClass {
     /// The class with index `i`, if any.
     #[inline(always)]
     pub const fn from_index(i: usize) -> Option<SizeClass> {
-        if i < NUM_CLASSES { Some(SizeClass(i as u8)) } else { None }
+        if i < NUM_CLASSES {
+            Some(SizeClass(i as u8))
+        } else {
+            None
+        }
     }
 
     /// Index `0..NUM_CLASSES`.
@@ -133,13 +137,21 @@ impl SizeClass {
     /// The alignment of every block of this class: `min(size, MAX_SLOT_ALIGN)`.
     #[inline(always)]
     pub const fn align(self) -> usize {
-        if self.size() < MAX_SLOT_ALIGN { self.size() } else { MAX_SLOT_ALIGN }
+        if self.size() < MAX_SLOT_ALIGN {
+            self.size()
+        } else {
+            MAX_SLOT_ALIGN
+        }
     }
 
     /// The bin kind this class uses.
     #[inline(always)]
     pub const fn kind(self) -> BinKind {
-        if self.shift() <= TAIL_MAX_SHIFT { BinKind::Small } else { BinKind::Large }
+        if self.shift() <= TAIL_MAX_SHIFT {
+            BinKind::Small
+        } else {
+            BinKind::Large
+        }
     }
 
     /// Slots in the bin body (after the header). For small classes the tail adds

@@ -39,7 +39,10 @@ fn last_slot_goes_to_one_claimer() {
         };
         let mine = claim_one(&b);
         let theirs = other.join().unwrap();
-        let got: Vec<_> = [mine, theirs].into_iter().filter(|c| matches!(c, Claim::Got { .. })).collect();
+        let got: Vec<_> = [mine, theirs]
+            .into_iter()
+            .filter(|c| matches!(c, Claim::Got { .. }))
+            .collect();
         assert_eq!(got.len(), 1, "{mine:?} {theirs:?}");
         assert!(matches!(got[0], Claim::Got { now_full: true, .. }));
         assert_eq!(b.used_word(), class().slots());
@@ -64,7 +67,7 @@ fn group_claims_are_disjoint() {
         };
         assert_eq!(bits(mine) & bits(theirs), 0, "slot handed out twice");
         let total = (bits(mine) | bits(theirs)).count_ones();
-        assert!(total >= 2 && total <= 3);
+        assert!((2..=3).contains(&total));
         assert_eq!(b.used_word(), b.taken_slots(class()), "INV(UA3)");
     });
 }
@@ -83,10 +86,26 @@ fn release_of_full_bin_races_claim() {
         match (release, other.join().unwrap()) {
             // The claim took the freed slot after the release counted it: the bin went
             // not-full and full again, and both saw their crossing (INV(UA7)).
-            (Release::Freed { was_full: true, .. }, Claim::Got { word: 0, bits: 0b10_0000, now_full: true }) => {}
+            (
+                Release::Freed { was_full: true, .. },
+                Claim::Got {
+                    word: 0,
+                    bits: 0b10_0000,
+                    now_full: true,
+                },
+            ) => {}
             // The claim took and counted the slot between the release's two atomics: the
             // count never crossed `slots`, and neither reports a crossing.
-            (Release::Freed { was_full: false, .. }, Claim::Got { word: 0, bits: 0b10_0000, now_full: false }) => {}
+            (
+                Release::Freed {
+                    was_full: false, ..
+                },
+                Claim::Got {
+                    word: 0,
+                    bits: 0b10_0000,
+                    now_full: false,
+                },
+            ) => {}
             // The claim ran before the release, or missed the slot.
             (Release::Freed { was_full: true, .. }, Claim::NoneFree) => {
                 assert_eq!(b.used_word(), class().slots() - 1)
@@ -111,7 +130,10 @@ fn retirement_races_claim() {
         // Empty unless the claim was counted first.
         let release = b.release(class(), 0);
         let retired = match release {
-            Release::Freed { was_full: false, now_empty } => now_empty && b.try_retire(),
+            Release::Freed {
+                was_full: false,
+                now_empty,
+            } => now_empty && b.try_retire(),
             other => panic!("unexpected {other:?}"),
         };
         let claim = other.join().unwrap();
@@ -145,7 +167,10 @@ fn double_free_is_reported_once() {
         };
         let mine = b.release(class(), 0);
         let theirs = other.join().unwrap();
-        let freed = [mine, theirs].iter().filter(|r| matches!(r, Release::Freed { .. })).count();
+        let freed = [mine, theirs]
+            .iter()
+            .filter(|r| matches!(r, Release::Freed { .. }))
+            .count();
         assert_eq!(freed, 1, "{mine:?} {theirs:?}");
         assert!([mine, theirs].contains(&Release::DoubleFree));
         assert_eq!(b.used_word(), 1);

@@ -34,7 +34,11 @@ fn get(cell: &UnsafeCell<u32>) -> u32 {
 }
 
 fn shared() -> Arc<Shared> {
-    Arc::new(Shared { mutex: CollectiveMutex::new(), a: UnsafeCell::new(0), b: UnsafeCell::new(0) })
+    Arc::new(Shared {
+        mutex: CollectiveMutex::new(),
+        a: UnsafeCell::new(0),
+        b: UnsafeCell::new(0),
+    })
 }
 
 /// Single lanes: one spins in `lock`, two others try once each; mutual exclusion, and the
@@ -92,10 +96,16 @@ fn group_enters_together_and_last_member_unlocks() {
         bump(&s.a);
         let leader_last = s.mutex.unlock();
         let member_last = member.join().unwrap();
-        assert!(leader_last != member_last, "exactly one member releases the lock");
+        assert!(
+            leader_last != member_last,
+            "exactly one member releases the lock"
+        );
         let seen = outsider.join().unwrap();
         // The outsider ran entirely before the group or entirely after it.
-        assert!(seen == (0, 0) || seen == (1, 1), "outsider overlapped the group: {seen:?}");
+        assert!(
+            seen == (0, 0) || seen == (1, 1),
+            "outsider overlapped the group: {seen:?}"
+        );
         assert!(!s.mutex.is_locked());
     });
 }

@@ -26,7 +26,10 @@ struct Obj {
 }
 
 fn new_obj() -> *mut Obj {
-    Box::into_raw(Box::new(Obj { head: RcuHead::new(), value: UnsafeCell::new(LIVE) }))
+    Box::into_raw(Box::new(Obj {
+        head: RcuHead::new(),
+        value: UnsafeCell::new(LIVE),
+    }))
 }
 
 /// The callback: marks the object dead (a write that must not race any reader).
@@ -106,7 +109,10 @@ fn conditional_barrier_delegates() {
         let w1 = writer(1);
         read(&srcu, &slots[1]);
         let outcomes = [w0.join().unwrap(), w1.join().unwrap()];
-        assert!(outcomes.contains(&Barrier::Ran), "someone owned a barrier: {outcomes:?}");
+        assert!(
+            outcomes.contains(&Barrier::Ran),
+            "someone owned a barrier: {outcomes:?}"
+        );
         assert_eq!(ran.load(SeqCst), 2, "every callback ran once");
         assert!(srcu.is_idle());
         objs.into_iter().for_each(free_obj);

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use toga_kernels::size_class::{BinKind, MAX_SMALL_SIZE, NUM_CLASSES, SizeClass};
-use toga_kernels::ualloc::layout::{LARGE_BINS, LARGE_DATA_OFFSET, SMALL_BINS, SMALL_RESERVED_PAGES};
+use toga_kernels::ualloc::layout::{
+    LARGE_BINS, LARGE_DATA_OFFSET, SMALL_BINS, SMALL_RESERVED_PAGES,
+};
 use toga_kernels::ualloc::{Arena, CHUNK_SIZE, ChunkSource, FreeOutcome, PAGE_SIZE, UAlloc};
 
 /// A test that takes longer than this has hung.
@@ -84,8 +86,16 @@ impl HostChunks {
         assert!(!base.is_null());
         // SAFETY: the buffer is ours.
         unsafe { base.write_bytes(SCRIBBLE, chunks * CHUNK_SIZE) };
-        let free = (0..chunks).rev().map(|i| base as usize + i * CHUNK_SIZE).collect();
-        Arc::new(Self { base, chunks, free: Mutex::new(free), out: AtomicUsize::new(0) })
+        let free = (0..chunks)
+            .rev()
+            .map(|i| base as usize + i * CHUNK_SIZE)
+            .collect();
+        Arc::new(Self {
+            base,
+            chunks,
+            free: Mutex::new(free),
+            out: AtomicUsize::new(0),
+        })
     }
 
     fn outstanding(&self) -> usize {
@@ -148,7 +158,11 @@ fn pattern(addr: usize, tag: u64, k: usize) -> u64 {
 fn fill(p: *mut u8, len: usize, tag: u64) {
     for k in 0..len / 8 {
         // SAFETY: the block is live and ours, at least `len` bytes, 16-aligned.
-        unsafe { (p as *mut u64).add(k).write_volatile(pattern(p as usize, tag, k)) };
+        unsafe {
+            (p as *mut u64)
+                .add(k)
+                .write_volatile(pattern(p as usize, tag, k))
+        };
     }
 }
 
@@ -156,7 +170,11 @@ fn check(p: *mut u8, len: usize, tag: u64) {
     for k in 0..len / 8 {
         // SAFETY: as in `fill`.
         let v = unsafe { (p as *const u64).add(k).read_volatile() };
-        assert_eq!(v, pattern(p as usize, tag, k), "block {p:p} corrupted at word {k}");
+        assert_eq!(
+            v,
+            pattern(p as usize, tag, k),
+            "block {p:p} corrupted at word {k}"
+        );
     }
 }
 
@@ -178,7 +196,11 @@ impl Shadow {
     }
 
     fn remove(&self, p: *mut u8) -> usize {
-        self.0.lock().unwrap().remove(&(p as usize)).expect("freeing a block the shadow does not know")
+        self.0
+            .lock()
+            .unwrap()
+            .remove(&(p as usize))
+            .expect("freeing a block the shadow does not know")
     }
 }
 
@@ -187,7 +209,12 @@ fn adopt_block(ua: &UAlloc<'static, Source>, shadow: &Shadow, p: *mut u8, size: 
     assert!(!p.is_null());
     let class = SizeClass::from_size(size);
     assert_ne!(p as usize % PAGE_SIZE, 0, "INV(UA1): page-aligned block");
-    assert_eq!(p as usize % class.align(), 0, "block not aligned to {}", class.align());
+    assert_eq!(
+        p as usize % class.align(),
+        0,
+        "block not aligned to {}",
+        class.align()
+    );
     // SAFETY: `p` is live.
     assert_eq!(unsafe { ua.usable_size(p) }, class.size());
     shadow.insert(p, class.size());
@@ -198,7 +225,10 @@ fn release_block(ua: &UAlloc<'static, Source>, shadow: &Shadow, p: *mut u8, tag:
     let len = shadow.remove(p);
     check(p, len, tag);
     // SAFETY: `p` is in the heap (it was a live block).
-    assert_eq!(unsafe { ua.free(p) }, FreeOutcome::Freed(SizeClass::from_size(len)));
+    assert_eq!(
+        unsafe { ua.free(p) },
+        FreeOutcome::Freed(SizeClass::from_size(len))
+    );
 }
 
 /// Everything freed: the heap is consistent and holds no chunk.
@@ -255,8 +285,9 @@ fn mixed_sizes_with_cross_thread_frees() {
         let (arenas, chunks) = heap(2, 64);
         let ua = Arc::new(ualloc(arenas, &chunks));
         let shadow = Arc::new(Shadow::default());
-        let (senders, receivers): (Vec<_>, Vec<_>) =
-            (0..THREADS).map(|_| mpsc::channel::<(usize, u64)>()).unzip();
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+            .map(|_| mpsc::channel::<(usize, u64)>())
+            .unzip();
         let handles: Vec<_> = receivers
             .into_iter()
             .enumerate()
@@ -281,11 +312,13 @@ fn mixed_sizes_with_cross_thread_frees() {
                                 allocs += 1;
                             }
                             0..=7 if !live.is_empty() => {
-                                let (p, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                                let (p, tag) =
+                                    live.swap_remove(rng.below(live.len() as u64) as usize);
                                 release_block(&ua, &shadow, p as *mut u8, tag);
                             }
                             _ if !live.is_empty() => {
-                                let (p, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                                let (p, tag) =
+                                    live.swap_remove(rng.below(live.len() as u64) as usize);
                                 let to = (t + 1 + rng.below(THREADS as u64 - 1) as usize) % THREADS;
                                 senders[to].send((p, tag)).unwrap();
                             }
@@ -312,8 +345,14 @@ fn mixed_sizes_with_cross_thread_frees() {
             allocs += a;
             remote += r;
         }
-        assert!(allocs > (THREADS * OPS / 3) as u64, "too few allocations: {allocs}");
-        assert!(remote > allocs / 10, "too few cross-thread frees: {remote} of {allocs}");
+        assert!(
+            allocs > (THREADS * OPS / 3) as u64,
+            "too few allocations: {allocs}"
+        );
+        assert!(
+            remote > allocs / 10,
+            "too few cross-thread frees: {remote} of {allocs}"
+        );
         assert!(shadow.0.lock().unwrap().is_empty());
         assert_all_returned(&ua, &chunks);
     });
@@ -336,24 +375,44 @@ fn double_and_foreign_frees_are_rejected() {
         let keep_small = ua.malloc(16);
         let large = ua.malloc(2048);
         let keep_large = ua.malloc(2048);
-        for (p, size) in [(small, 16), (keep_small, 16), (large, 2048), (keep_large, 2048)] {
+        for (p, size) in [
+            (small, 16),
+            (keep_small, 16),
+            (large, 2048),
+            (keep_large, 2048),
+        ] {
             adopt_block(&ua, &shadow, p, size, 3);
         }
         let small_chunk = small as usize & !(CHUNK_SIZE - 1);
         let large_chunk = large as usize & !(CHUNK_SIZE - 1);
-        assert_ne!(small_chunk, large_chunk, "small and large classes share no chunk");
+        assert_ne!(
+            small_chunk, large_chunk,
+            "small and large classes share no chunk"
+        );
         let foreign: Vec<(&str, usize)> = vec![
             ("inside a block", large as usize + 8),
             ("large slot interior at 128", large as usize + 128),
             ("small chunk header", small_chunk + 8),
             ("reserved page, block 0", small_chunk + PAGE_SIZE + 64),
-            ("bin header", small_chunk + (SMALL_RESERVED_PAGES + 60) * PAGE_SIZE + 64),
-            ("slot of a bin never carved", small_chunk + (SMALL_RESERVED_PAGES + 60) * PAGE_SIZE + 128),
-            ("tail of a bin never carved", small_chunk + 3 * PAGE_SIZE + 30 * 128),
+            (
+                "bin header",
+                small_chunk + (SMALL_RESERVED_PAGES + 60) * PAGE_SIZE + 64,
+            ),
+            (
+                "slot of a bin never carved",
+                small_chunk + (SMALL_RESERVED_PAGES + 60) * PAGE_SIZE + 128,
+            ),
+            (
+                "tail of a bin never carved",
+                small_chunk + 3 * PAGE_SIZE + 30 * 128,
+            ),
             ("large chunk padding", large_chunk + LARGE_DATA_OFFSET - 64),
             ("large bin header", large_chunk + LARGE_DATA_OFFSET + 64),
             ("after the last large bin", large_chunk + CHUNK_SIZE - 128),
-            ("a chunk UAlloc never had", chunks.at(7, 4 * PAGE_SIZE + 128) as usize),
+            (
+                "a chunk UAlloc never had",
+                chunks.at(7, 4 * PAGE_SIZE + 128) as usize,
+            ),
             ("page-aligned", small_chunk + 8 * PAGE_SIZE),
             ("null", 0),
         ];
@@ -387,8 +446,11 @@ fn racing_double_frees() {
         let (arenas, chunks) = heap(1, 8);
         let ua = Arc::new(ualloc(arenas, &chunks));
         let mut rng = Rng(77);
-        let blocks: Arc<Vec<usize>> =
-            Arc::new((0..BLOCKS).map(|_| ua.malloc(rng.size()) as usize).collect());
+        let blocks: Arc<Vec<usize>> = Arc::new(
+            (0..BLOCKS)
+                .map(|_| ua.malloc(rng.size()) as usize)
+                .collect(),
+        );
         assert!(blocks.iter().all(|&p| p != 0));
         let freed: Vec<_> = (0..2)
             .map(|_| {
@@ -408,10 +470,17 @@ fn racing_double_frees() {
             })
             .map(|h| h.join().unwrap())
             .collect();
-        assert_eq!(freed[0][0] + freed[1][0], BLOCKS, "each block freed exactly once");
+        assert_eq!(
+            freed[0][0] + freed[1][0],
+            BLOCKS,
+            "each block freed exactly once"
+        );
         // A second free either finds the slot bit clear or (after the bin or chunk went back)
         // finds no carved bin or no UAlloc chunk.
-        assert_eq!(freed[0][1] + freed[0][2] + freed[1][1] + freed[1][2], BLOCKS);
+        assert_eq!(
+            freed[0][1] + freed[0][2] + freed[1][1] + freed[1][2],
+            BLOCKS
+        );
         assert_all_returned(&ua, &chunks);
     });
 }
@@ -426,7 +495,12 @@ fn capacity(class: SizeClass, chunks: usize) -> usize {
 }
 
 /// Fill the heap with one class until malloc returns null: exactly the capacity.
-fn fill_class(ua: &UAlloc<'static, Source>, shadow: &Shadow, size: usize, chunks: usize) -> Vec<*mut u8> {
+fn fill_class(
+    ua: &UAlloc<'static, Source>,
+    shadow: &Shadow,
+    size: usize,
+    chunks: usize,
+) -> Vec<*mut u8> {
     let class = SizeClass::from_size(size);
     let mut blocks = Vec::new();
     loop {
@@ -437,7 +511,12 @@ fn fill_class(ua: &UAlloc<'static, Source>, shadow: &Shadow, size: usize, chunks
         adopt_block(ua, shadow, p, size, size as u64);
         blocks.push(p);
     }
-    assert_eq!(blocks.len(), capacity(class, chunks), "{class:?} filled {} blocks", blocks.len());
+    assert_eq!(
+        blocks.len(),
+        capacity(class, chunks),
+        "{class:?} filled {} blocks",
+        blocks.len()
+    );
     ua.assert_valid();
     blocks
 }
@@ -542,7 +621,10 @@ fn bulk_claims_like_a_warp() {
                         let size = rng.size();
                         let k = 1 + rng.below(32) as usize;
                         let mut out = vec![std::ptr::null_mut(); k];
-                        assert!(ua.malloc_bulk(size, &mut out), "bulk of {k} × {size} failed");
+                        assert!(
+                            ua.malloc_bulk(size, &mut out),
+                            "bulk of {k} × {size} failed"
+                        );
                         for &p in &out {
                             adopt_block(&ua, &shadow, p, size, round as u64);
                         }
@@ -552,7 +634,10 @@ fn bulk_claims_like_a_warp() {
                             for p in group {
                                 let len = shadow.remove(p as *mut u8);
                                 // SAFETY: `p` is live.
-                                assert_eq!(unsafe { ua.free(p as *mut u8) }, FreeOutcome::Freed(SizeClass::from_size(len)));
+                                assert_eq!(
+                                    unsafe { ua.free(p as *mut u8) },
+                                    FreeOutcome::Freed(SizeClass::from_size(len))
+                                );
                             }
                         }
                     }
@@ -560,7 +645,10 @@ fn bulk_claims_like_a_warp() {
                         for p in group {
                             shadow.remove(p as *mut u8);
                             // SAFETY: `p` is live.
-                            assert!(matches!(unsafe { ua.free(p as *mut u8) }, FreeOutcome::Freed(_)));
+                            assert!(matches!(
+                                unsafe { ua.free(p as *mut u8) },
+                                FreeOutcome::Freed(_)
+                            ));
                         }
                     }
                 })
@@ -614,7 +702,8 @@ fn retire_churn() {
         let peak = Arc::new(AtomicUsize::new(0));
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (ua, shadow, chunks, peak) = (ua.clone(), shadow.clone(), chunks.clone(), peak.clone());
+                let (ua, shadow, chunks, peak) =
+                    (ua.clone(), shadow.clone(), chunks.clone(), peak.clone());
                 std::thread::spawn(move || {
                     let mut rng = Rng(999 + t as u64);
                     for round in 0..ROUNDS {

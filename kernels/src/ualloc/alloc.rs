@@ -10,7 +10,9 @@ use crate::size_class::{BinKind, MAX_GROUP, MAX_SMALL_SIZE, SizeClass};
 use crate::ualloc::arena::{Arena, bin_at};
 use crate::ualloc::bin::{BinHeader, Claim, USED_COUNT_MASK};
 use crate::ualloc::chunk::chunk_base;
-use crate::ualloc::layout::{BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset};
+use crate::ualloc::layout::{
+    BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
+};
 use crate::ualloc::{CLASS_GROUP_TAG, ChunkSource, SCAN_LIMIT, UAlloc};
 
 /// The address of slot `slot` of the bin whose header is at `bin`.
@@ -78,7 +80,15 @@ impl<'x> ListClaimer<'x> {
     pub(crate) fn new(arena: &'x Arena, class: SizeClass) -> Self {
         let hash = platform::global_timer_ns().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
         let start_word = (hash as usize ^ platform::lane_id() as usize) % class.bitmap_words();
-        Self { arena, class, reader: None, cursor: 0, steps: 0, start_word, backoff: Backoff::new() }
+        Self {
+            arena,
+            class,
+            reader: None,
+            cursor: 0,
+            steps: 0,
+            start_word,
+            backoff: Backoff::new(),
+        }
     }
 
     /// Claim between 1 and `need` slots: `(bin address, word, bits)`.
@@ -103,7 +113,11 @@ impl<'x> ListClaimer<'x> {
             let bin = unsafe { bin_at(self.cursor) };
             debug_assert_eq!(bin.class(), Some(self.class));
             match bin.claim(self.class, self.start_word, need) {
-                Claim::Got { word, bits, now_full } => {
+                Claim::Got {
+                    word,
+                    bits,
+                    now_full,
+                } => {
                     if now_full {
                         sync_listing(self.arena, self.class, bin);
                     }
@@ -130,7 +144,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let class = SizeClass::from_size(size);
         let ai = self.arena_index();
         let group = Group::of(CLASS_GROUP_TAG | (ai as u64) << 8 | class.index() as u64);
-        if group.is_single() { self.alloc_single(ai, class) } else { self.alloc_group(ai, class, &group) }
+        if group.is_single() {
+            self.alloc_fast_single(ai, class)
+        } else {
+            self.alloc_fast_group(ai, class, &group)
+        }
     }
 
     /// `out.len()` blocks of `size` bytes with ONE semaphore operation (the group path, for a
@@ -161,7 +179,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 }
                 true
             }
-            Wait::MustRefill => match self.refill_bin(ai, class, k) {
+            Wait::MustRefill => match self.alloc_slow(ai, class, k) {
                 Some(bin) => {
                     for (i, p) in out.iter_mut().enumerate() {
                         *p = slot_ptr(bin, class, i as u32);
@@ -174,14 +192,14 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// A lane alone with its class: one `wait`, one claim, no collectives.
-    fn alloc_single(&self, ai: usize, class: SizeClass) -> *mut u8 {
+    fn alloc_fast_single(&self, ai: usize, class: SizeClass) -> *mut u8 {
         let arena = &self.arenas[ai];
         match arena.class(class).slots.0.wait(1, class.slots()) {
             Wait::Acquired => {
                 let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
                 slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros())
             }
-            Wait::MustRefill => match self.refill_bin(ai, class, 1) {
+            Wait::MustRefill => match self.alloc_slow(ai, class, 1) {
                 Some(bin) => slot_ptr(bin, class, 0),
                 None => ptr::null_mut(),
             },
@@ -193,7 +211,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// 64-bit word serves the whole group). Collective over `group` (collective.rs rules): the
     /// loop runs the same number of times on every lane because `assigned` only changes by
     /// broadcast values.
-    fn alloc_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
+    fn alloc_fast_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
         let arena = &self.arenas[ai];
         let k = group.size();
         let rank = group.rank();
@@ -203,11 +221,23 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             0
         };
         if group.broadcast_u32(acquired) == 0 {
-            let bin = if group.is_leader() { self.refill_bin(ai, class, k).unwrap_or(0) } else { 0 };
+            let bin = if group.is_leader() {
+                self.alloc_slow(ai, class, k).unwrap_or(0)
+            } else {
+                0
+            };
             let bin = group.broadcast_u64(bin);
-            return if bin == 0 { ptr::null_mut() } else { slot_ptr(bin, class, rank) };
+            return if bin == 0 {
+                ptr::null_mut()
+            } else {
+                slot_ptr(bin, class, rank)
+            };
         }
-        let mut claimer = if group.is_leader() { Some(ListClaimer::new(arena, class)) } else { None };
+        let mut claimer = if group.is_leader() {
+            Some(ListClaimer::new(arena, class))
+        } else {
+            None
+        };
         let mut assigned = 0;
         let mut mine = ptr::null_mut();
         while assigned < k {

@@ -82,7 +82,10 @@ impl Arena {
             rcu: Srcu::new(),
             classes: core::array::from_fn(|_| ClassState {
                 slots: Line(BulkSemaphore::new(0)),
-                list: Line(BinList { head: Atomic64::new(0), lock: CollectiveMutex::new() }),
+                list: Line(BinList {
+                    head: Atomic64::new(0),
+                    lock: CollectiveMutex::new(),
+                }),
             }),
             kinds: core::array::from_fn(|_| KindState {
                 bins: Line(BulkSemaphore::new(0)),
@@ -108,7 +111,10 @@ impl Arena {
 
     /// Chunks this arena owns (a snapshot).
     pub fn chunk_count(&self) -> u32 {
-        self.kinds.iter().map(|k| k.chunks.0.count.load_relaxed()).sum()
+        self.kinds
+            .iter()
+            .map(|k| k.chunks.0.count.load_relaxed())
+            .sum()
     }
 
     /// The arena's SRCU domain (statistics and tests).

@@ -66,7 +66,11 @@ const _: () = assert!(core::mem::size_of::<BinHeader>() == crate::ualloc::layout
 pub enum Claim {
     /// Slots `64 * word + i` for each bit `i` of `bits` are the caller's. `now_full`: this claim
     /// took the last free slot (the caller must unlink the bin, INV(UA7)).
-    Got { word: u32, bits: u64, now_full: bool },
+    Got {
+        word: u32,
+        bits: u64,
+        now_full: bool,
+    },
     /// No free bit was found in one pass over the words.
     NoneFree,
     /// The bin is retired (or being); nothing was taken.
@@ -196,7 +200,11 @@ impl BinHeader {
             // A crossing test: the count may exceed `slots` for a moment (INV(UA3)).
             let old = used & USED_COUNT_MASK;
             let now_full = old < class.slots() && old + n >= class.slots();
-            return Claim::Got { word: w as u32, bits, now_full };
+            return Claim::Got {
+                word: w as u32,
+                bits,
+                now_full,
+            };
         }
         Claim::NoneFree
     }
@@ -223,7 +231,10 @@ impl BinHeader {
             return Release::DoubleFree;
         }
         let count = used & USED_COUNT_MASK;
-        Release::Freed { was_full: count == class.slots(), now_empty: count == 1 }
+        Release::Freed {
+            was_full: count == class.slots(),
+            now_empty: count == 1,
+        }
     }
 
     /// Retire the bin if no slot is claimed: `used` 0 → RETIRED (INV(UA4)). After success no
@@ -244,7 +255,11 @@ impl BinHeader {
     #[inline(always)]
     pub fn used_count(&self) -> u32 {
         let u = self.used.load_relaxed();
-        if u & !USED_COUNT_MASK != 0 { u32::MAX } else { u }
+        if u & !USED_COUNT_MASK != 0 {
+            u32::MAX
+        } else {
+            u
+        }
     }
 
     /// Whether the bin is retired (a snapshot).
@@ -315,13 +330,31 @@ mod tests {
         }
         assert_eq!(got, 32);
         assert_eq!(b.taken_slots(class), 32);
-        assert_eq!(b.release(class, 31), Release::Freed { was_full: true, now_empty: false });
+        assert_eq!(
+            b.release(class, 31),
+            Release::Freed {
+                was_full: true,
+                now_empty: false
+            }
+        );
         assert_eq!(b.release(class, 31), Release::DoubleFree);
         for s in 1..31 {
-            assert!(matches!(b.release(class, s), Release::Freed { now_empty: false, .. }));
+            assert!(matches!(
+                b.release(class, s),
+                Release::Freed {
+                    now_empty: false,
+                    ..
+                }
+            ));
         }
         assert!(!b.try_retire());
-        assert_eq!(b.release(class, 0), Release::Freed { was_full: false, now_empty: true });
+        assert_eq!(
+            b.release(class, 0),
+            Release::Freed {
+                was_full: false,
+                now_empty: true
+            }
+        );
         assert!(b.try_retire());
         assert_eq!(b.claim(class, 0, 1), Claim::Retired);
         assert_eq!(b.release(class, 0), Release::DoubleFree);

@@ -20,8 +20,8 @@ use crate::rcu::RcuHead;
 use crate::size_class::BinKind;
 use crate::ualloc::bin::BinHeader;
 use crate::ualloc::layout::{
-    CHUNK_BITMAP_WORDS, CHUNK_SIZE, LARGE_BINS, SMALL_BINS, WORD_BITS,
-    large_bin_offset, small_bin_offset,
+    CHUNK_BITMAP_WORDS, CHUNK_SIZE, LARGE_BINS, SMALL_BINS, WORD_BITS, large_bin_offset,
+    small_bin_offset,
 };
 
 /// XORed with the chunk's address to form its `magic` (`"togachnk"`).
@@ -54,7 +54,8 @@ pub struct ChunkHeader {
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(core::mem::size_of::<ChunkHeader>() == crate::ualloc::layout::CHUNK_HEADER_SIZE);
+const _: () =
+    assert!(core::mem::size_of::<ChunkHeader>() == crate::ualloc::layout::CHUNK_HEADER_SIZE);
 
 /// The `magic` of the chunk at `addr`.
 #[inline(always)]

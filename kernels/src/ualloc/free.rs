@@ -48,7 +48,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     pub unsafe fn free(&self, p: *mut u8) -> FreeOutcome {
         let addr = p as usize;
         // INV(UA1): UAlloc blocks are never page-aligned (null included).
-        if addr % PAGE_SIZE == 0 {
+        if addr.is_multiple_of(PAGE_SIZE) {
             return FreeOutcome::Invalid;
         }
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
@@ -69,7 +69,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let Some((bin, class, slot)) = locate(chunk, addr) else {
             return FreeOutcome::Invalid;
         };
-        let Release::Freed { was_full, now_empty } = bin.release(class, slot) else {
+        let Release::Freed {
+            was_full,
+            now_empty,
+        } = bin.release(class, slot)
+        else {
             return FreeOutcome::DoubleFree;
         };
         if was_full {
@@ -77,13 +81,15 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             sync_listing(arena, class, bin);
         }
         arena.class(class).slots.0.release(1);
-        let retired = now_empty && Self::retire_if_empty(arena, class, bin);
+        let retired = now_empty && Self::free_slow_retire(arena, class, bin);
         drop(reader);
         if retired {
             // SAFETY: INV(UA4): the bin is retired and unlinked; its header stays valid until the
             // callback returns it to the chunk, and it is queued once per retirement.
             unsafe { arena.rcu.call_rcu(&bin.rcu) };
-            arena.rcu.barrier_conditional(|head| self.run_callback(head));
+            arena
+                .rcu
+                .barrier_conditional(|head| self.run_callback(head));
         }
         FreeOutcome::Freed(class)
     }
@@ -95,7 +101,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// As for [`free`](Self::free), and `p` must stay live during the call.
     pub unsafe fn usable_size(&self, p: *mut u8) -> usize {
         let addr = p as usize;
-        if addr % PAGE_SIZE == 0 {
+        if addr.is_multiple_of(PAGE_SIZE) {
             return 0;
         }
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
@@ -113,7 +119,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// Called inside a read section of the arena.
     #[cold]
     #[inline(never)]
-    fn retire_if_empty(arena: &Arena, class: SizeClass, bin: &BinHeader) -> bool {
+    fn free_slow_retire(arena: &Arena, class: SizeClass, bin: &BinHeader) -> bool {
         let slots = &arena.class(class).slots.0;
         let mut backoff = Backoff::new();
         loop {

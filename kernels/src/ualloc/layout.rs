@@ -81,7 +81,8 @@ pub const LARGE_DATA_OFFSET: usize = LARGE_UNIT;
 /// Bins of a large chunk (see the module doc for why five).
 pub const LARGE_BINS: usize = 5;
 /// Length of a large bin: an equal share of the chunk, rounded down to [`LARGE_UNIT`].
-pub const LARGE_BIN_SIZE: usize = (CHUNK_SIZE - LARGE_DATA_OFFSET) / LARGE_BINS / LARGE_UNIT * LARGE_UNIT;
+pub const LARGE_BIN_SIZE: usize =
+    (CHUNK_SIZE - LARGE_DATA_OFFSET) / LARGE_BINS / LARGE_UNIT * LARGE_UNIT;
 
 /// Most bins in a chunk (a small chunk's).
 pub const MAX_BINS_PER_CHUNK: usize = SMALL_BINS;
@@ -90,14 +91,18 @@ pub const CHUNK_BITMAP_WORDS: usize = MAX_BINS_PER_CHUNK.div_ceil(WORD_BITS);
 
 // Small chunks: the reserved pages hold one tail per bin, and one page fewer would not.
 const _: () = assert!(SMALL_RESERVED_PAGES * TAILS_PER_PAGE >= SMALL_BINS);
-const _: () = assert!((SMALL_RESERVED_PAGES - 1) * TAILS_PER_PAGE < PAGES_PER_CHUNK - (SMALL_RESERVED_PAGES - 1));
+const _: () = assert!(
+    (SMALL_RESERVED_PAGES - 1) * TAILS_PER_PAGE < PAGES_PER_CHUNK - (SMALL_RESERVED_PAGES - 1)
+);
 // The chunk header is block 0 of page 0, which holds no tail.
 const _: () = assert!(CHUNK_HEADER_SIZE == BLOCK_SIZE && TAIL_SIZE == BLOCK_SIZE);
 // Large chunks: bins fit, slot offsets are 128 mod 256 (INV(UA1)).
 const _: () = assert!(LARGE_DATA_OFFSET >= CHUNK_HEADER_SIZE);
 const _: () = assert!(LARGE_DATA_OFFSET + LARGE_BINS * LARGE_BIN_SIZE <= CHUNK_SIZE);
-const _: () = assert!(LARGE_DATA_OFFSET % LARGE_UNIT == 0 && LARGE_BIN_SIZE % LARGE_UNIT == 0);
-const _: () = assert!(BIN_HEADER_SIZE < LARGE_UNIT && PAGE_SIZE % LARGE_UNIT == 0);
+const _: () = assert!(
+    LARGE_DATA_OFFSET.is_multiple_of(LARGE_UNIT) && LARGE_BIN_SIZE.is_multiple_of(LARGE_UNIT)
+);
+const _: () = assert!(BIN_HEADER_SIZE < LARGE_UNIT && PAGE_SIZE.is_multiple_of(LARGE_UNIT));
 const _: () = assert!(LARGE_BIN_SIZE == 104_704);
 const _: () = assert!(LARGE_BINS <= MAX_BINS_PER_CHUNK && CHUNK_BITMAP_WORDS == 2);
 const _: () = assert!(BITMAP_WORDS * WORD_BITS == MAX_SLOTS);
@@ -140,7 +145,10 @@ pub const fn area_of(small: bool, off: usize) -> Option<(usize, SlotArea)> {
             if in_page < BIN_HEADER_SIZE {
                 return None;
             }
-            return Some((page - SMALL_RESERVED_PAGES, SlotArea::Body(in_page - BIN_HEADER_SIZE)));
+            return Some((
+                page - SMALL_RESERVED_PAGES,
+                SlotArea::Body(in_page - BIN_HEADER_SIZE),
+            ));
         }
         let block = (off >> BLOCK_SHIFT) & (BLOCKS_PER_PAGE - 1);
         if block == 0 {
@@ -179,7 +187,9 @@ mod tests {
             BinKind::Small if slot < class.main_slots() => {
                 small_bin_offset(bin) + BIN_HEADER_SIZE + (i << class.shift())
             }
-            BinKind::Small => tail_offset(bin) + ((i - class.main_slots() as usize) << class.shift()),
+            BinKind::Small => {
+                tail_offset(bin) + ((i - class.main_slots() as usize) << class.shift())
+            }
             BinKind::Large => large_bin_offset(bin) + BIN_HEADER_SIZE + (i << class.shift()),
         }
     }
@@ -196,13 +206,21 @@ mod tests {
             // Headers.
             let mut mark = |start: usize, len: usize, who: u32| {
                 for b in (start..start + len).step_by(crate::size_class::MIN_SIZE) {
-                    assert_eq!(owner[b / crate::size_class::MIN_SIZE], u32::MAX, "overlap at {b}");
+                    assert_eq!(
+                        owner[b / crate::size_class::MIN_SIZE],
+                        u32::MAX,
+                        "overlap at {b}"
+                    );
                     owner[b / crate::size_class::MIN_SIZE] = who;
                 }
             };
             mark(0, CHUNK_HEADER_SIZE, u32::MAX - 1);
             for bin in 0..bins {
-                let h = if small { small_bin_offset(bin) } else { large_bin_offset(bin) };
+                let h = if small {
+                    small_bin_offset(bin)
+                } else {
+                    large_bin_offset(bin)
+                };
                 mark(h, BIN_HEADER_SIZE, u32::MAX - 1);
             }
             for bin in 0..bins {

@@ -18,15 +18,15 @@
 //! # malloc (two stages: count, then find)
 //! 1. Lanes of a warp asking for the same class in the same arena form a [`Group`]; its
 //!    leader takes `k` units from the class's slots semaphore with one `wait`.
-//! 2. `Acquired` (the fast path, [`alloc_fast`](UAlloc::alloc_group)): the leader walks the
+//! 2. `Acquired` (the fast path, `alloc_fast_group`): the leader walks the
 //!    class's bin list under the arena's SRCU and claims free bits with one `fetch_or` per
 //!    bitmap word (usually one for the whole group), broadcasting each claim to the group.
-//! 3. `MustRefill` (the slow path, `refill_bin`): the leader takes a fresh bin from the
+//! 3. `MustRefill` (the slow path, `alloc_slow`): the leader takes a fresh bin from the
 //!    arena's chunks (a collective over the lanes of the warp that need a bin of that kind:
 //!    one chunk-list lock, each member walks to its own free bin) or adopts a new chunk, keeps
 //!    `k` slots and signals the rest.
 //!
-//! A lone lane takes the same steps without collectives (`alloc_single`).
+//! A lone lane takes the same steps without collectives (`alloc_fast_single`).
 //!
 //! # free
 //! Find the chunk (check its magic), enter its arena's SRCU read section, find bin and slot
@@ -73,7 +73,9 @@ pub trait ChunkSource {
 pub enum FreeOutcome {
     /// A live block of this class was freed.
     Freed(SizeClass),
-    /// The block was already free (its slot bit was clear); nothing changed.
+    /// The block was already free (its slot bit was clear); nothing changed. Once a bin that
+    /// became empty has gone back to its chunk, a second free of one of its blocks finds no
+    /// carved bin and reports [`Invalid`](FreeOutcome::Invalid) instead.
     DoubleFree,
     /// Not a UAlloc block: no live UAlloc chunk, a header or padding, not at a slot
     /// boundary, or a bin that is not carved. Nothing changed.
@@ -136,8 +138,9 @@ impl<'a, S: ChunkSource> UAlloc<'a, S> {
     #[cold]
     #[inline(never)]
     fn run_callback(&self, head: *const RcuHead) {
-        let chunk_addr = (head as usize).wrapping_sub(core::mem::offset_of!(chunk::ChunkHeader, rcu));
-        if chunk_addr % CHUNK_SIZE == 0 {
+        let chunk_addr =
+            (head as usize).wrapping_sub(core::mem::offset_of!(chunk::ChunkHeader, rcu));
+        if chunk_addr.is_multiple_of(CHUNK_SIZE) {
             // SAFETY: INV(RCU4): a chunk's head was queued by `return_bin` after the chunk left
             // every list and lost its magic; the grace period has passed.
             unsafe { self.source.free_chunk(chunk_addr as *mut u8) };

@@ -1,4 +1,4 @@
-//! The slow paths: a new bin for a class (`refill_bin`), bins from the arena's chunks
+//! The slow paths: a new bin for a class (`alloc_slow`), bins from the arena's chunks
 //! (`take_bin`, collective), new chunks (`adopt_chunk`), and the way back (`return_bin`).
 
 use crate::bulk_semaphore::Wait;
@@ -26,7 +26,9 @@ fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, usize) {
         let chunk = unsafe { chunk_at(at) };
         let n = chunk.n_free.load_relaxed();
         if rank < n {
-            let bin = chunk.nth_free_bin(rank).expect("INV(UA9): n_free matches free_bins");
+            let bin = chunk
+                .nth_free_bin(rank)
+                .expect("INV(UA9): n_free matches free_bins");
             return (chunk, bin);
         }
         rank -= n;
@@ -40,7 +42,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// (or retract the promise when out of memory, INV(SEM4)). Returns the bin's address.
     #[cold]
     #[inline(never)]
-    pub(crate) fn refill_bin(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
+    pub(crate) fn alloc_slow(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
         let arena = &self.arenas[ai];
         let slots = &arena.class(class).slots.0;
         let rest = class.slots() - k;
@@ -96,18 +98,32 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[inline(never)]
     fn take_bin(&self, ai: usize, kind: BinKind) -> Option<u64> {
         let ks = self.arenas[ai].kind(kind);
-        let group = Group::of(KIND_GROUP_TAG | (ai as u64) << 8 | kind.index() as u64);
         let per = bins_per_chunk(kind);
+        // Lanes that reached malloc apart (each a group of its own) can meet here, up to a
+        // whole warp: more than a large chunk's five bins. Cut the group so that each part
+        // waits for at most one chunk's worth (a batch smaller than the request would
+        // underflow E, INV(SEM4)).
+        let group = Group::of(KIND_GROUP_TAG | (ai as u64) << 8 | kind.index() as u64).split(per);
         let k = group.size();
         let rank = group.rank();
-        // A warp's lanes that need bins of one kind are leaders of distinct classes.
         debug_assert!(k <= per);
-        let acquired =
-            if group.is_leader() { (ks.bins.0.wait(k, per) == Wait::Acquired) as u32 } else { 0 };
+        let acquired = if group.is_leader() {
+            (ks.bins.0.wait(k, per) == Wait::Acquired) as u32
+        } else {
+            0
+        };
         if group.broadcast_u32(acquired) == 0 {
-            let chunk = if group.is_leader() { self.adopt_chunk(ai, kind, k) } else { 0 };
+            let chunk = if group.is_leader() {
+                self.adopt_chunk(ai, kind, k)
+            } else {
+                0
+            };
             let chunk = group.broadcast_u64(chunk);
-            return if chunk == 0 { None } else { Some(chunk + bin_offset(kind, rank as usize) as u64) };
+            return if chunk == 0 {
+                None
+            } else {
+                Some(chunk + bin_offset(kind, rank as usize) as u64)
+            };
         }
         let list = &ks.chunks.0;
         list.lock.lock(&group);
@@ -120,7 +136,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // Phase 3: the highest rank took the last bin in list order; every chunk before its
         // own is now full: split them off (INV(UA10)).
         if rank == k - 1 {
-            let stop = if chunk.n_free.load_relaxed() == 0 { chunk.next.load_relaxed() } else { chunk.base() as u64 };
+            let stop = if chunk.n_free.load_relaxed() == 0 {
+                chunk.next.load_relaxed()
+            } else {
+                chunk.base() as u64
+            };
             let mut at = list.partial.load_relaxed();
             while at != stop {
                 // SAFETY: chunks on the partial list are live.
@@ -151,7 +171,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             ks.bins.0.retract(per - k);
             return 0;
         };
-        debug_assert!(base as usize % CHUNK_SIZE == 0, "ChunkSource returned a misaligned chunk");
+        debug_assert!(
+            (base as usize).is_multiple_of(CHUNK_SIZE),
+            "ChunkSource returned a misaligned chunk"
+        );
         // SAFETY: a fresh chunk from the source is ours alone.
         let chunk = unsafe { ChunkHeader::adopt(base as usize, ai as u32, kind, k) };
         let list = &ks.chunks.0;

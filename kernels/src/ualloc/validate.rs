@@ -29,7 +29,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 while at != 0 {
                     // SAFETY: chunks on `all` are live (checked just below).
                     let chunk = unsafe { chunk_at(at) };
-                    assert!(chunk.is_live(), "INV(UA8): chunk {at:#x} on a list without magic");
+                    assert!(
+                        chunk.is_live(),
+                        "INV(UA8): chunk {at:#x} on a list without magic"
+                    );
                     assert_eq!(chunk.arena.load_relaxed() as usize, ai);
                     assert_eq!(chunk.kind(), kind);
                     assert_eq!(chunk.all_prev.load_relaxed(), prev);
@@ -39,7 +42,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                         n_free += bits.count_ones();
                         for b in 0..WORD_BITS {
                             if bits & (1 << b) != 0 {
-                                assert!(((w * WORD_BITS + b) as u32) < per, "free bit past the last bin");
+                                assert!(
+                                    ((w * WORD_BITS + b) as u32) < per,
+                                    "free bit past the last bin"
+                                );
                             }
                         }
                     }
@@ -61,10 +67,18 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                         let class = bin.class().expect("INV(UA5): taken bin not carved");
                         assert_eq!(class.kind(), kind);
                         let used = bin.used_word();
-                        assert_eq!(used & !USED_COUNT_MASK, 0, "INV(UA4): retired bin not returned");
+                        assert_eq!(
+                            used & !USED_COUNT_MASK,
+                            0,
+                            "INV(UA4): retired bin not returned"
+                        );
                         assert_eq!(used, bin.taken_slots(class), "INV(UA3)");
                         // INV(UA4): empty bins are retired.
-                        assert!(used > 0, "INV(UA4): empty bin {:#x} not retired", bin as *const _ as usize);
+                        assert!(
+                            used > 0,
+                            "INV(UA4): empty bin {:#x} not retired",
+                            bin as *const _ as usize
+                        );
                         let listed = bin.listed.load_relaxed() != 0;
                         assert_eq!(listed, used < class.slots(), "INV(UA7)");
                         if listed {
@@ -91,7 +105,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 }
                 assert_eq!(walked, listed_chunks, "INV(UA10): partial list");
                 // INV(UA9): the bins semaphore counts exactly the free bins.
-                assert_eq!(ks.bins.0.counters(), (partial_free, 0, 0), "INV(UA9): arena {ai} {kind:?}");
+                assert_eq!(
+                    ks.bins.0.counters(),
+                    (partial_free, 0, 0),
+                    "INV(UA9): arena {ai} {kind:?}"
+                );
             }
             for class in SizeClass::ALL {
                 let cs = arena.class(class);
@@ -108,7 +126,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     prev = at;
                     at = bin.next.load_relaxed();
                 }
-                assert_eq!(walked, listed_bins[class.index()], "INV(UA7): {class:?} list");
+                assert_eq!(
+                    walked,
+                    listed_bins[class.index()],
+                    "INV(UA7): {class:?} list"
+                );
                 // INV(UA2): the slots semaphore counts exactly the free slots of listed bins.
                 assert_eq!(
                     cs.slots.0.counters(),
