@@ -12,10 +12,14 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use toga::workload::{Allocator, HeapState, MallocBench};
 
 const POOL_MAX: u64 = 512 << 20;
-const SIZES: [u32; 13] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536];
+const SIZES: [u32; 13] = [
+    16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+];
 
 fn fill(c: &mut Criterion) {
-    let Some(gpu) = common::gpu(1 << 10, 16) else { return };
+    let Some(gpu) = common::gpu(1 << 10, 16) else {
+        return;
+    };
     let mut csv = common::Csv::new("e_fill", &gpu);
     let mut util_csv = common::Csv::new("e_fill_utilization", &gpu);
     let mut g = common::group(c, "e_fill");
@@ -24,13 +28,38 @@ fn fill(c: &mut Criterion) {
         // 25% more requests than fit.
         let threads = pool / size as u64 * 5 / 4;
         let mut b = MallocBench::new(&gpu, threads, pool).expect("bench setup");
-        let t = b.run(Allocator::Toga, size, HeapState::Fresh).expect("fill run");
+        let t = b
+            .run(Allocator::Toga, size, HeapState::Fresh)
+            .expect("fill run");
         let handed_out = (threads - t.failed) * size as u64;
         let utilization = handed_out as f64 / pool as f64;
-        util_csv.row("e_fill_utilization", "toga", &size.to_string(), threads, "fresh", "utilization", 0, utilization as f32, t.failed);
+        util_csv.row(
+            "e_fill_utilization",
+            "toga",
+            &size.to_string(),
+            threads,
+            "fresh",
+            "utilization",
+            0,
+            utilization as f32,
+            t.failed,
+        );
         let _ = std::io::stderr().flush();
-        eprintln!("fill {size} B: {threads} threads, pool {} MiB, utilization {:.1}%", pool >> 20, utilization * 100.0);
-        common::bench_malloc(&mut g, &mut b, &mut csv, "e_fill", Allocator::Toga, size, HeapState::Fresh, "malloc");
+        eprintln!(
+            "fill {size} B: {threads} threads, pool {} MiB, utilization {:.1}%",
+            pool >> 20,
+            utilization * 100.0
+        );
+        common::bench_malloc(
+            &mut g,
+            &mut b,
+            &mut csv,
+            "e_fill",
+            Allocator::Toga,
+            size,
+            HeapState::Fresh,
+            "malloc",
+        );
     }
     g.finish();
 }

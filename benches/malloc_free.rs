@@ -8,7 +8,9 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use toga::workload::MallocBench;
 
 fn malloc_free(c: &mut Criterion) {
-    let Some(gpu) = common::gpu(common::THREADS, 16) else { return };
+    let Some(gpu) = common::gpu(common::THREADS, 16) else {
+        return;
+    };
     let heap = (common::THREADS * 4096 * 2).min(gpu.free_memory().unwrap() / 3);
     let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
     let mut csv = common::Csv::new("b_malloc_free", &gpu);
@@ -21,7 +23,17 @@ fn malloc_free(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let t = b.run_malloc_free(size).expect("benchmark iteration");
-                    csv.row("b_malloc_free", "toga", &size.to_string(), common::THREADS, "fresh", "malloc_free", iteration, t.malloc_ms, t.failed);
+                    csv.row(
+                        "b_malloc_free",
+                        "toga",
+                        &size.to_string(),
+                        common::THREADS,
+                        "fresh",
+                        "malloc_free",
+                        iteration,
+                        t.malloc_ms,
+                        t.failed,
+                    );
                     iteration += 1;
                     total += Duration::from_secs_f64(t.malloc_ms as f64 / 1e3);
                 }

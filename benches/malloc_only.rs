@@ -7,17 +7,46 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use toga::workload::{Allocator, HeapState, MallocBench};
 
 fn malloc_only(c: &mut Criterion) {
-    let Some(gpu) = common::gpu(common::THREADS, 4096) else { return };
+    let Some(gpu) = common::gpu(common::THREADS, 4096) else {
+        return;
+    };
     let heap = (common::THREADS * 4096 * 2).min(gpu.free_memory().unwrap() / 3);
     let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
     let mut csv = common::Csv::new("a_malloc_only", &gpu);
     let mut g = common::group(c, "a_malloc_only");
     for size in common::SIZES {
         for state in [HeapState::Fresh, HeapState::Warm] {
-            common::bench_malloc(&mut g, &mut b, &mut csv, "a_malloc_only", Allocator::Toga, size, state, "malloc");
+            common::bench_malloc(
+                &mut g,
+                &mut b,
+                &mut csv,
+                "a_malloc_only",
+                Allocator::Toga,
+                size,
+                state,
+                "malloc",
+            );
         }
-        common::bench_malloc(&mut g, &mut b, &mut csv, "a_malloc_only", Allocator::Bump, size, HeapState::Fresh, "malloc");
-        common::bench_malloc(&mut g, &mut b, &mut csv, "a_malloc_only", Allocator::CudaMalloc, size, HeapState::Fresh, "malloc");
+        common::bench_malloc(
+            &mut g,
+            &mut b,
+            &mut csv,
+            "a_malloc_only",
+            Allocator::Bump,
+            size,
+            HeapState::Fresh,
+            "malloc",
+        );
+        common::bench_malloc(
+            &mut g,
+            &mut b,
+            &mut csv,
+            "a_malloc_only",
+            Allocator::CudaMalloc,
+            size,
+            HeapState::Fresh,
+            "malloc",
+        );
     }
     g.finish();
 }

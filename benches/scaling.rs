@@ -7,7 +7,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use toga::workload::{Allocator, HeapState, MallocBench};
 
 fn scaling(c: &mut Criterion) {
-    let Some(gpu) = common::gpu(common::THREADS, 1024) else { return };
+    let Some(gpu) = common::gpu(common::THREADS, 1024) else {
+        return;
+    };
     let mut csv = common::Csv::new("d_scaling", &gpu);
     let mut g = common::group(c, "d_scaling");
     for log in (10..=20).step_by(2) {
@@ -16,7 +18,16 @@ fn scaling(c: &mut Criterion) {
         let mut b = MallocBench::new(&gpu, threads, heap).expect("bench setup");
         for size in [16, 1024] {
             for alloc in Allocator::ALL {
-                common::bench_malloc(&mut g, &mut b, &mut csv, "d_scaling", alloc, size, HeapState::Fresh, "malloc");
+                common::bench_malloc(
+                    &mut g,
+                    &mut b,
+                    &mut csv,
+                    "d_scaling",
+                    alloc,
+                    size,
+                    HeapState::Fresh,
+                    "malloc",
+                );
             }
         }
     }

@@ -113,7 +113,8 @@ impl Heap {
 
     fn create(gpu: &Gpu, stream: &Arc<CudaStream>, b: HeapBuilder) -> Result<Self> {
         let arenas = b.arenas.unwrap_or(gpu.info().sm_count).max(1) as u64;
-        let total = Geometry::allocation_bytes(b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
+        let total =
+            Geometry::allocation_bytes(b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
         let free = gpu.free_memory()?;
         if total > free {
             return Err(Error::HeapTooLarge {
@@ -142,8 +143,11 @@ impl Heap {
         })?;
         let mut base = 0;
         // SAFETY: writes one device pointer; ordered on `stream`.
-        check(unsafe { sys::cuMemAllocFromPoolAsync(&mut base, total as usize, pool, stream.cu_stream()) })?;
-        let geometry = Geometry::new(base, total, b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
+        check(unsafe {
+            sys::cuMemAllocFromPoolAsync(&mut base, total as usize, pool, stream.cu_stream())
+        })?;
+        let geometry =
+            Geometry::new(base, total, b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
         let mut heap = Self {
             pool,
             base,
@@ -168,20 +172,34 @@ impl Heap {
         let mut image = vec![0u8; offset_of!(HeapHeader, geometry) + size_of::<Geometry>()];
         // SAFETY: Geometry is plain `repr(C)` u64s.
         let g = unsafe {
-            std::slice::from_raw_parts(&self.geometry as *const Geometry as *const u8, size_of::<Geometry>())
+            std::slice::from_raw_parts(
+                &self.geometry as *const Geometry as *const u8,
+                size_of::<Geometry>(),
+            )
         };
         image[offset_of!(HeapHeader, geometry)..].copy_from_slice(g);
         self.header_image = image;
         // SAFETY: `header_image` outlives the copy (kept in `self` until the next reset/drop,
         // both of which are ordered after it on a stream or synchronize).
         check(unsafe {
-            sys::cuMemcpyHtoDAsync_v2(self.base, self.header_image.as_ptr() as *const _, self.header_image.len(), s)
+            sys::cuMemcpyHtoDAsync_v2(
+                self.base,
+                self.header_image.as_ptr() as *const _,
+                self.header_image.len(),
+                s,
+            )
         })?;
         let threads = self.geometry.node_words.div_ceil(4).clamp(1, 1 << 20);
         // SAFETY: the init kernels take the heap's base; the geometry is in place.
         unsafe {
-            stream.launch_builder(&self.init_nodes).arg(&self.base).launch(crate::launch_config(threads))?;
-            stream.launch_builder(&self.init_finish).arg(&self.base).launch(crate::launch_config(1))?;
+            stream
+                .launch_builder(&self.init_nodes)
+                .arg(&self.base)
+                .launch(crate::launch_config(threads))?;
+            stream
+                .launch_builder(&self.init_finish)
+                .arg(&self.base)
+                .launch(crate::launch_config(1))?;
         }
         Ok(())
     }
@@ -208,7 +226,10 @@ impl Heap {
         let f = module.load_function("toga_bind_heap")?;
         // SAFETY: the heap outlives kernels that use it (documented ordering rule).
         unsafe {
-            stream.launch_builder(&f).arg(&self.base).launch(crate::launch_config(1))?;
+            stream
+                .launch_builder(&f)
+                .arg(&self.base)
+                .launch(crate::launch_config(1))?;
         }
         Ok(())
     }
@@ -219,7 +240,14 @@ impl Heap {
         let len = g.shards_offset as usize + g.arenas as usize * size_of::<StatsShard>();
         let mut raw = vec![0u8; len];
         // SAFETY: copies `len` bytes of the metadata region into `raw`, then waits.
-        check(unsafe { sys::cuMemcpyDtoHAsync_v2(raw.as_mut_ptr() as *mut _, self.base, len, stream.cu_stream()) })?;
+        check(unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                raw.as_mut_ptr() as *mut _,
+                self.base,
+                len,
+                stream.cu_stream(),
+            )
+        })?;
         stream.synchronize()?;
         let word = |off: usize| u64::from_le_bytes(raw[off..off + 8].try_into().unwrap());
         let mut sums = [0u64; STATS_WORDS];
@@ -256,7 +284,12 @@ impl Heap {
         ] {
             // SAFETY: one word of the header; `value` lives across the synchronize below.
             check(unsafe {
-                sys::cuMemcpyHtoDAsync_v2(self.base + field as u64, &value as *const u64 as *const _, 8, stream.cu_stream())
+                sys::cuMemcpyHtoDAsync_v2(
+                    self.base + field as u64,
+                    &value as *const u64 as *const _,
+                    8,
+                    stream.cu_stream(),
+                )
             })?;
             stream.synchronize()?;
         }
@@ -286,7 +319,9 @@ impl Drop for Heap {
 /// Check a heap size without a GPU: zero, below one chunk and above toga's largest heap are
 /// rejected here; [`Heap::new`] also rejects sizes above the device's free memory.
 pub fn check_heap_size(bytes: u64) -> Result<()> {
-    Geometry::allocation_bytes(bytes, 1).map(|_| ()).map_err(|e| geometry_error(e, bytes))
+    Geometry::allocation_bytes(bytes, 1)
+        .map(|_| ())
+        .map_err(|e| geometry_error(e, bytes))
 }
 
 fn geometry_error(e: GeometryError, requested: u64) -> Error {

@@ -6,9 +6,9 @@
 //! [`Error::NoDriver`] at run time.
 
 pub mod error;
+pub mod gpu;
 pub mod heap;
 pub mod workload;
-pub mod gpu;
 
 pub use error::{Error, Result};
 pub use gpu::{DeviceInfo, Gpu, GpuOptions, device_count};

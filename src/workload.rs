@@ -124,7 +124,13 @@ impl Workloads {
     }
 
     /// Thread `i`: `ptrs[i] = malloc(size)` and nothing else (the benchmark kernel).
-    pub fn malloc(&self, stream: &Arc<CudaStream>, heap: &Heap, ptrs: &mut CudaSlice<u64>, size: u32) -> Result<()> {
+    pub fn malloc(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        ptrs: &mut CudaSlice<u64>,
+        size: u32,
+    ) -> Result<()> {
         let n = ptrs.len() as u64;
         // SAFETY: `ptrs` has `n` elements.
         unsafe {
@@ -208,7 +214,12 @@ impl Workloads {
 
     /// Baseline: CUDA's device `malloc` (the context's heap limit must have been raised with
     /// [`crate::GpuOptions::cuda_malloc_heap`]).
-    pub fn cuda_malloc(&self, stream: &Arc<CudaStream>, ptrs: &mut CudaSlice<u64>, size: u32) -> Result<()> {
+    pub fn cuda_malloc(
+        &self,
+        stream: &Arc<CudaStream>,
+        ptrs: &mut CudaSlice<u64>,
+        size: u32,
+    ) -> Result<()> {
         let n = ptrs.len() as u64;
         // SAFETY: `ptrs` has `n` elements.
         unsafe {
@@ -265,7 +276,12 @@ impl Workloads {
 
     /// Thread `i` grows a `Vec<u64>` to `len` elements; `out[i]` gets the checked sum.
     /// The heap must be bound to toga's module ([`Heap::bind`]).
-    pub fn vec_push(&self, stream: &Arc<CudaStream>, out: &mut CudaSlice<u64>, len: u32) -> Result<()> {
+    pub fn vec_push(
+        &self,
+        stream: &Arc<CudaStream>,
+        out: &mut CudaSlice<u64>,
+        len: u32,
+    ) -> Result<()> {
         let n = out.len() as u64;
         // SAFETY: `out` has `n` elements.
         unsafe {
@@ -417,7 +433,11 @@ impl MallocBench {
                 let m = time_ms(&s, || self.w.malloc(&s, &self.heap, &mut self.ptrs, size))?;
                 let failed = self.failed()?;
                 let f = time_ms(&s, || self.w.free(&s, &self.heap, &self.ptrs))?;
-                return Ok(Timing { malloc_ms: m, free_ms: f, failed });
+                return Ok(Timing {
+                    malloc_ms: m,
+                    free_ms: f,
+                    failed,
+                });
             }
             Allocator::CudaMalloc => {
                 if state == HeapState::Warm {
@@ -427,17 +447,32 @@ impl MallocBench {
                 let m = time_ms(&s, || self.w.cuda_malloc(&s, &mut self.ptrs, size))?;
                 let failed = self.failed()?;
                 let f = time_ms(&s, || self.w.cuda_free(&s, &self.ptrs))?;
-                return Ok(Timing { malloc_ms: m, free_ms: f, failed });
+                return Ok(Timing {
+                    malloc_ms: m,
+                    free_ms: f,
+                    failed,
+                });
             }
             Allocator::Bump => {
                 s.memset_zeros(&mut self.bump)?;
                 let m = time_ms(&s, || {
-                    self.w.bump_malloc(&s, &mut self.ptrs, size, &mut self.bump, 1 << 40, u64::MAX >> 1)
+                    self.w.bump_malloc(
+                        &s,
+                        &mut self.ptrs,
+                        size,
+                        &mut self.bump,
+                        1 << 40,
+                        u64::MAX >> 1,
+                    )
                 })?;
                 (m, 0.0)
             }
         };
-        Ok(Timing { malloc_ms, free_ms, failed: self.failed()? })
+        Ok(Timing {
+            malloc_ms,
+            free_ms,
+            failed: self.failed()?,
+        })
     }
 
     /// One iteration of "thread `i` mallocs `sizes[i]`" (toga from a fresh heap, or CUDA's
@@ -447,7 +482,10 @@ impl MallocBench {
         let (m, f) = match alloc {
             Allocator::Toga => {
                 self.heap.reset(&s)?;
-                let m = time_ms(&s, || self.w.malloc_sizes(&s, Some(&self.heap), &mut self.ptrs, sizes))?;
+                let m = time_ms(&s, || {
+                    self.w
+                        .malloc_sizes(&s, Some(&self.heap), &mut self.ptrs, sizes)
+                })?;
                 (m, time_ms(&s, || self.w.free(&s, &self.heap, &self.ptrs))?)
             }
             Allocator::CudaMalloc => {
@@ -457,12 +495,23 @@ impl MallocBench {
             Allocator::Bump => {
                 s.memset_zeros(&mut self.bump)?;
                 let m = time_ms(&s, || {
-                    self.w.bump_malloc(&s, &mut self.ptrs, 4096, &mut self.bump, 1 << 40, u64::MAX >> 1)
+                    self.w.bump_malloc(
+                        &s,
+                        &mut self.ptrs,
+                        4096,
+                        &mut self.bump,
+                        1 << 40,
+                        u64::MAX >> 1,
+                    )
                 })?;
                 (m, 0.0)
             }
         };
-        Ok(Timing { malloc_ms: m, free_ms: f, failed: self.failed()? })
+        Ok(Timing {
+            malloc_ms: m,
+            free_ms: f,
+            failed: self.failed()?,
+        })
     }
 
     /// One iteration of "every thread mallocs `size` and frees it in the same kernel" (toga).
@@ -471,9 +520,15 @@ impl MallocBench {
         self.heap.reset(&s)?;
         let mut errors = s.alloc_zeros::<u64>(2)?;
         let n = self.threads();
-        let m = time_ms(&s, || self.w.malloc_free(&s, &self.heap, n, size, &mut errors))?;
+        let m = time_ms(&s, || {
+            self.w.malloc_free(&s, &self.heap, n, size, &mut errors)
+        })?;
         let failed = s.clone_dtoh(&errors)?[1];
-        Ok(Timing { malloc_ms: m, free_ms: 0.0, failed })
+        Ok(Timing {
+            malloc_ms: m,
+            free_ms: 0.0,
+            failed,
+        })
     }
 
     /// The stream the benchmark runs on.
@@ -482,6 +537,11 @@ impl MallocBench {
     }
 
     fn failed(&self) -> Result<u64> {
-        Ok(self.stream.clone_dtoh(&self.ptrs)?.iter().filter(|&&p| p == 0).count() as u64)
+        Ok(self
+            .stream
+            .clone_dtoh(&self.ptrs)?
+            .iter()
+            .filter(|&&p| p == 0)
+            .count() as u64)
     }
 }

@@ -34,7 +34,13 @@ fn device_and_host_agree_on_the_layout() {
     let mut out = stream.alloc_zeros::<u64>(4).unwrap();
     let f = gpu.function("toga_layout").unwrap();
     // SAFETY: four words.
-    unsafe { stream.launch_builder(&f).arg(&mut out).launch(launch_config(1)).unwrap() };
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&mut out)
+            .launch(launch_config(1))
+            .unwrap()
+    };
     let out = stream.clone_dtoh(&out).unwrap();
     let host = [
         size_of::<toga_kernels::heap::HeapHeader>(),
@@ -57,32 +63,58 @@ fn tbuddy_random_orders_fill_check_free_on_another_stream() {
     let sizes: Vec<u32> = orders.iter().map(|&o| 4096u32 << o).collect();
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
-    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 3).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 3)
+        .unwrap();
     let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
-    let ok: Vec<usize> = (0..THREADS as usize).filter(|&i| host_ptrs[i] != 0).collect();
+    let ok: Vec<usize> = (0..THREADS as usize)
+        .filter(|&i| host_ptrs[i] != 0)
+        .collect();
     let bytes: u64 = ok.iter().map(|&i| sizes[i] as u64).sum();
-    assert!(!ok.is_empty() && ok.len() < THREADS as usize, "the heap should serve some, not all");
-    assert!(bytes <= heap.capacity(), "{bytes} bytes handed out from {}", heap.capacity());
+    assert!(
+        !ok.is_empty() && ok.len() < THREADS as usize,
+        "the heap should serve some, not all"
+    );
+    assert!(
+        bytes <= heap.capacity(),
+        "{bytes} bytes handed out from {}",
+        heap.capacity()
+    );
     // Blocks are inside the heap, aligned to their size, and disjoint.
     let data = heap.base() + heap.geometry().data_offset;
-    let mut spans: Vec<(u64, u64)> = ok.iter().map(|&i| (host_ptrs[i], sizes[i] as u64)).collect();
+    let mut spans: Vec<(u64, u64)> = ok
+        .iter()
+        .map(|&i| (host_ptrs[i], sizes[i] as u64))
+        .collect();
     spans.sort();
     for (p, len) in &spans {
         assert!(*p >= data && p + len <= data + heap.capacity());
         assert_eq!((p - data) % len, 0, "block at {p:#x} not aligned to {len}");
     }
     for pair in spans.windows(2) {
-        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap at {:#x}", pair[1].0);
+        assert!(
+            pair[0].0 + pair[0].1 <= pair[1].0,
+            "overlap at {:#x}",
+            pair[1].0
+        );
     }
     // Free on a different stream, ordered after the allocation by an event.
     let other = gpu.new_stream().unwrap();
     other.wait(&stream.record_event(None).unwrap()).unwrap();
     let mut errors = other.alloc_zeros::<u64>(2).unwrap();
-    w.check_free(&other, &heap, &ptrs, &d_sizes, 3, true, &mut errors).unwrap();
-    assert_eq!(other.clone_dtoh(&errors).unwrap()[0], 0, "corrupted patterns");
+    w.check_free(&other, &heap, &ptrs, &d_sizes, 3, true, &mut errors)
+        .unwrap();
+    assert_eq!(
+        other.clone_dtoh(&errors).unwrap()[0],
+        0,
+        "corrupted patterns"
+    );
     stream.wait(&other.record_event(None).unwrap()).unwrap();
     let probe = w.probe(&stream, &heap).unwrap();
-    assert_eq!(probe.free_bytes, heap.capacity(), "every page is free again");
+    assert_eq!(
+        probe.free_bytes,
+        heap.capacity(),
+        "every page is free again"
+    );
     assert!(probe.whole_heap_block, "the root is Available again");
     let s = heap.stats(&stream).unwrap();
     assert_eq!((s.live_blocks(), s.used_bytes, s.reserved_bytes), (0, 0, 0));
@@ -103,11 +135,18 @@ fn exactly_k_large_blocks_fit_and_the_rest_fail() {
     let d_sizes = stream.clone_htod(&vec![size; 2 * k as usize]).unwrap();
     for round in 0..2 {
         let mut ptrs = stream.alloc_zeros::<u64>(2 * k as usize).unwrap();
-        w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round).unwrap();
-        let got = stream.clone_dtoh(&ptrs).unwrap().iter().filter(|&&p| p != 0).count() as u64;
+        w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round)
+            .unwrap();
+        let got = stream
+            .clone_dtoh(&ptrs)
+            .unwrap()
+            .iter()
+            .filter(|&&p| p != 0)
+            .count() as u64;
         assert_eq!(got, k, "round {round}: {k} blocks of {size} B fit");
         let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
-        w.check_free(&stream, &heap, &ptrs, &d_sizes, round, true, &mut errors).unwrap();
+        w.check_free(&stream, &heap, &ptrs, &d_sizes, round, true, &mut errors)
+            .unwrap();
         assert_eq!(stream.clone_dtoh(&errors).unwrap()[0], 0);
     }
     assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, capacity);
@@ -122,7 +161,8 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
     let sizes = xorshift_sizes(THREADS, 8, 65536, 7);
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
-    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 9).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 9)
+        .unwrap();
     let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
     let got = host_ptrs.iter().filter(|&&p| p != 0).count() as u64;
     let s = heap.stats(&stream).unwrap();
@@ -138,16 +178,28 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
             }
         })
         .sum();
-    assert_eq!(s.used_bytes, expected_used, "used bytes = the blocks handed out");
+    assert_eq!(
+        s.used_bytes, expected_used,
+        "used bytes = the blocks handed out"
+    );
     assert!(s.used_bytes <= heap.capacity());
     let other = gpu.new_stream().unwrap();
     other.wait(&stream.record_event(None).unwrap()).unwrap();
     let mut errors = other.alloc_zeros::<u64>(2).unwrap();
-    w.check_free(&other, &heap, &ptrs, &d_sizes, 9, true, &mut errors).unwrap();
-    assert_eq!(other.clone_dtoh(&errors).unwrap()[0], 0, "corrupted patterns");
+    w.check_free(&other, &heap, &ptrs, &d_sizes, 9, true, &mut errors)
+        .unwrap();
+    assert_eq!(
+        other.clone_dtoh(&errors).unwrap()[0],
+        0,
+        "corrupted patterns"
+    );
     stream.wait(&other.record_event(None).unwrap()).unwrap();
     let s = heap.stats(&stream).unwrap();
-    assert_eq!((s.live_blocks(), s.used_bytes, s.reserved_bytes), (0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.live_blocks(), s.used_bytes, s.reserved_bytes),
+        (0, 0, 0),
+        "{s:?}"
+    );
     assert_eq!(s.used_high, expected_used);
     let probe = w.probe(&stream, &heap).unwrap();
     assert_eq!(probe.free_bytes, heap.capacity());
@@ -191,7 +243,8 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
     let sizes: Vec<u32> = (0..n).map(|i| if i % 2 == 0 { 48 } else { 8192 }).collect();
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(n).unwrap();
-    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 5).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 5)
+        .unwrap();
     let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
     assert!(host_ptrs.iter().all(|&p| p != 0));
     // Free everything, then free it all again.
@@ -200,7 +253,14 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
     // Foreign pointers: outside the heap, inside a block, inside the metadata, and null.
     let data = heap.base() + heap.geometry().data_offset;
     let foreign = stream
-        .clone_htod(&[0x1000u64, data - 64, host_ptrs[0] + 8, host_ptrs[1] + 4096, data + heap.capacity(), 0])
+        .clone_htod(&[
+            0x1000u64,
+            data - 64,
+            host_ptrs[0] + 8,
+            host_ptrs[1] + 4096,
+            data + heap.capacity(),
+            0,
+        ])
         .unwrap();
     w.free(&stream, &heap, &foreign).unwrap();
     let s = heap.stats(&stream).unwrap();
@@ -209,9 +269,11 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
     assert!(s.double_frees >= n as u64 / 2, "{s:?}");
     assert_eq!((s.live_blocks(), s.used_bytes), (0, 0));
     // The heap still works, completely.
-    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 6).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 6)
+        .unwrap();
     let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
-    w.check_free(&stream, &heap, &ptrs, &d_sizes, 6, true, &mut errors).unwrap();
+    w.check_free(&stream, &heap, &ptrs, &d_sizes, 6, true, &mut errors)
+        .unwrap();
     assert_eq!(stream.clone_dtoh(&errors).unwrap()[0], 0);
     assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, heap.capacity());
 }
@@ -241,10 +303,16 @@ fn zero_and_oversized_requests_return_null() {
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 64 << 20).unwrap();
     let w = Workloads::new(&gpu).unwrap();
-    let d_sizes = stream.clone_htod(&[0u32, (128 << 20) + 1, u32::MAX]).unwrap();
+    let d_sizes = stream
+        .clone_htod(&[0u32, (128 << 20) + 1, u32::MAX])
+        .unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(3).unwrap();
-    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 0).unwrap();
+    w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 0)
+        .unwrap();
     assert_eq!(stream.clone_dtoh(&ptrs).unwrap(), [0, 0, 0]);
     let s = heap.stats(&stream).unwrap();
-    assert_eq!(s.failed_allocations, 2, "malloc(0) is not a failure; the two oversized are");
+    assert_eq!(
+        s.failed_allocations, 2,
+        "malloc(0) is not a failure; the two oversized are"
+    );
 }

@@ -68,7 +68,10 @@ fn message_passing_release_acquire_has_no_stale_reads() {
         let r = stream.clone_dtoh(&result).unwrap();
         total_stale += r[0];
         total_trials += r[1];
-        assert!(r[1] > 0, "readers never saw a flag: the test would prove nothing");
+        assert!(
+            r[1] > 0,
+            "readers never saw a flag: the test would prove nothing"
+        );
     }
     eprintln!("message passing: {total_trials} trials, {total_stale} stale reads");
     assert_eq!(total_stale, 0, "stale reads after acquire");
@@ -109,7 +112,10 @@ fn atomics_are_exact_under_full_grid_contention() {
     assert_eq!(w[1], n, "CAS-loop increments");
     assert_eq!(w[2], (0..n).map(key).min().unwrap(), "atom.min");
     assert_eq!(w[3], (0..n).map(key).max().unwrap(), "atom.max");
-    assert_eq!(w[5], 0, "fetch_or/fetch_and returned a bit in the wrong state");
+    assert_eq!(
+        w[5], 0,
+        "fetch_or/fetch_and returned a bit in the wrong state"
+    );
     assert_eq!(w32[0] as u64, n, "32-bit atom.add");
     assert!(or.iter().all(|&x| x == u64::MAX), "atom.or lost a bit");
     assert!(and.iter().all(|&x| x == 0), "atom.and lost a bit");
@@ -141,28 +147,53 @@ fn warp_collectives_match_cpu_expectation_on_divergent_masks() {
     let pred = |i: usize| ((i as u32).wrapping_mul(0x9E37_79B9) >> 29) != 0;
     let mut checked_lanes = 0u64;
     for warp in 0..n / 32 {
-        let mask: u32 = (0..32).filter(|&l| pred(warp * 32 + l)).fold(0, |m, l| m | 1 << l);
+        let mask: u32 = (0..32)
+            .filter(|&l| pred(warp * 32 + l))
+            .fold(0, |m, l| m | 1 << l);
         let leader = mask.trailing_zeros();
         for lane in 0..32u32 {
             let i = warp * 32 + lane as usize;
             let got = &out[6 * i..6 * i + 6];
             if mask & (1 << lane) == 0 {
-                assert!(got.iter().all(|&v| v == u32::MAX), "lane {i} did not take part");
+                assert!(
+                    got.iter().all(|&v| v == u32::MAX),
+                    "lane {i} did not take part"
+                );
                 continue;
             }
             checked_lanes += 1;
             assert_eq!(got[5], mask, "ballot mask, thread {i}");
-            assert_ne!(got[0] & (1 << lane), 0, "activemask lacks own lane, thread {i}");
-            assert_eq!(got[0] & !mask, 0, "activemask has lanes outside the branch, thread {i}");
-            let ballot = (0..32).filter(|l| mask & (1 << l) != 0 && l % 3 == 0).fold(0, |m, l| m | 1 << l);
+            assert_ne!(
+                got[0] & (1 << lane),
+                0,
+                "activemask lacks own lane, thread {i}"
+            );
+            assert_eq!(
+                got[0] & !mask,
+                0,
+                "activemask has lanes outside the branch, thread {i}"
+            );
+            let ballot = (0..32)
+                .filter(|l| mask & (1 << l) != 0 && l % 3 == 0)
+                .fold(0, |m, l| m | 1 << l);
             assert_eq!(got[1], ballot, "ballot, thread {i}");
-            let matched = (0..32).filter(|l| mask & (1 << l) != 0 && l % 5 == lane % 5).fold(0, |m, l| m | 1 << l);
+            let matched = (0..32)
+                .filter(|l| mask & (1 << l) != 0 && l % 5 == lane % 5)
+                .fold(0, |m, l| m | 1 << l);
             assert_eq!(got[2], matched, "match.any, thread {i}");
-            assert_eq!(got[3], leader * 10 + 7, "shfl.idx from the leader, thread {i}");
+            assert_eq!(
+                got[3],
+                leader * 10 + 7,
+                "shfl.idx from the leader, thread {i}"
+            );
             if lane < 31 && mask & (1 << (lane + 1)) != 0 {
                 assert_eq!(got[4], (lane + 1) * 10 + 7, "shfl.down, thread {i}");
             } else if lane == 31 {
-                assert_eq!(got[4], lane * 10 + 7, "shfl.down past lane 31 keeps own value");
+                assert_eq!(
+                    got[4],
+                    lane * 10 + 7,
+                    "shfl.down past lane 31 keeps own value"
+                );
             }
         }
     }
@@ -193,6 +224,10 @@ fn smid_is_in_range() {
         assert!(smid < nsmid, "%smid {smid} >= %nsmid {nsmid}");
         seen.insert(smid);
     }
-    assert!(seen.len() as u32 <= sms, "{} distinct SM ids on {sms} SMs", seen.len());
+    assert!(
+        seen.len() as u32 <= sms,
+        "{} distinct SM ids on {sms} SMs",
+        seen.len()
+    );
     assert!(seen.len() > 1, "a 2^20-thread grid ran on one SM");
 }

@@ -12,11 +12,18 @@ fn find_ptxas() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PTXAS") {
         return Some(p.into());
     }
-    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+    if Command::new("ptxas")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         return Some("ptxas".into());
     }
     let out = Command::new("python3")
-        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
         .output()
         .ok()?;
     let site = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
@@ -25,7 +32,9 @@ fn find_ptxas() -> Option<PathBuf> {
 }
 
 fn report_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("ptx")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("ptx")
 }
 
 #[test]
@@ -33,12 +42,22 @@ fn ptx_has_no_system_scope_atomics_or_fences() {
     let ptx = toga::KERNELS_PTX;
     for (n, line) in ptx.lines().enumerate() {
         let l = line.trim();
-        let is_memory_op = l.starts_with("atom") || l.starts_with("red") || l.starts_with("fence")
-            || l.starts_with("ld.acquire") || l.starts_with("st.release");
-        assert!(!(is_memory_op && l.contains(".sys")), "line {}: system scope: {l}", n + 1);
+        let is_memory_op = l.starts_with("atom")
+            || l.starts_with("red")
+            || l.starts_with("fence")
+            || l.starts_with("ld.acquire")
+            || l.starts_with("st.release");
+        assert!(
+            !(is_memory_op && l.contains(".sys")),
+            "line {}: system scope: {l}",
+            n + 1
+        );
         assert!(!l.starts_with("membar.sys"), "line {}: {l}", n + 1);
     }
-    assert!(ptx.contains(".gpu"), "no .gpu-scoped operation at all: is this the right PTX?");
+    assert!(
+        ptx.contains(".gpu"),
+        "no .gpu-scoped operation at all: is this the right PTX?"
+    );
 }
 
 #[test]
@@ -54,7 +73,10 @@ fn ptx_assembles_for_turing_and_hopper() {
     // CUDA 13's ptxas no longer accepts sm_70; the module still targets sm_70 so that the driver
     // can JIT it for Volta. sm_75 is the oldest architecture CUDA 13 assembles.
     let mut archs = vec!["sm_75", "sm_90"];
-    let probe = Command::new(&ptxas).args(["-arch=sm_70", "--version"]).output().unwrap();
+    let probe = Command::new(&ptxas)
+        .args(["-arch=sm_70", "--version"])
+        .output()
+        .unwrap();
     if probe.status.success() {
         archs.insert(0, "sm_70");
     }
@@ -70,6 +92,9 @@ fn ptx_assembles_for_turing_and_hopper() {
         let log = String::from_utf8_lossy(&out.stderr).into_owned();
         std::fs::write(dir.join(format!("ptxas-{arch}.txt")), &log).unwrap();
         assert!(out.status.success(), "ptxas -arch={arch} failed:\n{log}");
-        assert!(!log.contains("error"), "ptxas -arch={arch} reported an error:\n{log}");
+        assert!(
+            !log.contains("error"),
+            "ptxas -arch={arch} reported an error:\n{log}"
+        );
     }
 }

@@ -61,9 +61,17 @@ impl Csv {
         std::fs::create_dir_all(&dir).expect("creating the CSV directory");
         let path = dir.join(format!("{scenario}.csv"));
         let new = !path.exists();
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("opening the CSV");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("opening the CSV");
         if new {
-            writeln!(file, "scenario,allocator,size,threads,state,metric,iteration,ms,failed,device").unwrap();
+            writeln!(
+                file,
+                "scenario,allocator,size,threads,state,metric,iteration,ms,failed,device"
+            )
+            .unwrap();
         }
         Self {
             file,
@@ -72,7 +80,18 @@ impl Csv {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn row(&mut self, scenario: &str, alloc: &str, size: &str, threads: u64, state: &str, metric: &str, iteration: usize, ms: f32, failed: u64) {
+    pub fn row(
+        &mut self,
+        scenario: &str,
+        alloc: &str,
+        size: &str,
+        threads: u64,
+        state: &str,
+        metric: &str,
+        iteration: usize,
+        ms: f32,
+        failed: u64,
+    ) {
         writeln!(
             self.file,
             "{scenario},{alloc},{size},{threads},{state},{metric},{iteration},{ms},{failed},{}",
@@ -111,8 +130,22 @@ pub fn bench_malloc(
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let t: Timing = b.run(alloc, size, state).expect("benchmark iteration");
-                let ms = if metric == "free" { t.free_ms } else { t.malloc_ms };
-                csv.row(scenario, alloc.name(), &size.to_string(), threads, state_name(state), metric, iteration, ms, t.failed);
+                let ms = if metric == "free" {
+                    t.free_ms
+                } else {
+                    t.malloc_ms
+                };
+                csv.row(
+                    scenario,
+                    alloc.name(),
+                    &size.to_string(),
+                    threads,
+                    state_name(state),
+                    metric,
+                    iteration,
+                    ms,
+                    t.failed,
+                );
                 iteration += 1;
                 total += Duration::from_secs_f64(ms as f64 / 1e3);
             }

@@ -31,6 +31,9 @@
 //!   for any newer GPU; `sm_90` targets Hopper directly).
 //! - `TOGA_PTX_TARGET_DIR` overrides the inner build's target directory.
 
+// The crate doc shows a whole `build.rs`, whose `fn main` is the point.
+#![allow(clippy::needless_doctest_main)]
+
 use std::env;
 use std::ffi::OsString;
 use std::fmt;
@@ -54,13 +57,19 @@ pub enum BuildError {
     /// A tool could not be started at all (cargo, rustc, or an LLVM tool).
     Spawn { tool: String, error: std::io::Error },
     /// A tool ran and failed; its own diagnostics went to stderr already.
-    Failed { tool: String, status: std::process::ExitStatus },
+    Failed {
+        tool: String,
+        status: std::process::ExitStatus,
+    },
     /// `llvm-tools` is not installed for this toolchain.
     MissingLlvmTools(PathBuf),
     /// The build finished but left no PTX file where expected.
     NoOutput(PathBuf),
     /// Reading or writing a file failed.
-    Io { path: PathBuf, error: std::io::Error },
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 impl fmt::Display for BuildError {
@@ -175,7 +184,10 @@ impl Builder {
         let manifest = self.crate_dir.join("Cargo.toml");
         let in_build_script = env::var_os("OUT_DIR").is_some();
         if in_build_script {
-            println!("cargo::rerun-if-changed={}", self.crate_dir.join("src").display());
+            println!(
+                "cargo::rerun-if-changed={}",
+                self.crate_dir.join("src").display()
+            );
             println!("cargo::rerun-if-changed={}", manifest.display());
             println!("cargo::rerun-if-env-changed=TOGA_PTX_ARCH");
             println!("cargo::rerun-if-env-changed=TOGA_PTX_TARGET_DIR");

@@ -57,16 +57,22 @@ impl LinkRequest {
 /// Run the link described by rustc's arguments.
 pub fn run(args: Vec<OsString>) -> Result<(), BuildError> {
     let req = LinkRequest::parse(&args);
-    let bin = PathBuf::from(env::var_os("TOGA_PTX_LLVM_BIN").ok_or_else(|| BuildError::Io {
-        path: "TOGA_PTX_LLVM_BIN".into(),
-        error: std::io::Error::other("linker mode without TOGA_PTX_LLVM_BIN"),
-    })?);
+    let bin = PathBuf::from(
+        env::var_os("TOGA_PTX_LLVM_BIN").ok_or_else(|| BuildError::Io {
+            path: "TOGA_PTX_LLVM_BIN".into(),
+            error: std::io::Error::other("linker mode without TOGA_PTX_LLVM_BIN"),
+        })?,
+    );
     let output = req.output.clone().ok_or_else(|| BuildError::Io {
         path: "-o".into(),
         error: std::io::Error::other("no output path on the link line"),
     })?;
-    let cpu = req.cpu.clone().unwrap_or_else(|| crate::DEFAULT_ARCH.into());
-    let ptx = env::var("TOGA_PTX_VERSION").unwrap_or_else(|_| crate::DEFAULT_PTX_VERSION.to_string());
+    let cpu = req
+        .cpu
+        .clone()
+        .unwrap_or_else(|| crate::DEFAULT_ARCH.into());
+    let ptx =
+        env::var("TOGA_PTX_VERSION").unwrap_or_else(|_| crate::DEFAULT_PTX_VERSION.to_string());
     let work = output.with_extension("link");
     std::fs::create_dir_all(&work).map_err(|error| BuildError::Io {
         path: work.clone(),

@@ -38,7 +38,14 @@ pub fn run(gpu: &Gpu, cli: &Cli) -> toga::Result<bool> {
     );
     println!(
         "{:>6} {:>14} {:>14} {:>14} {:>12} {:>14} {:>10} {:>10}",
-        "size", "toga fresh ms", "toga warm ms", "toga free ms", "bump ms", "cuda malloc ms", "×cuda", "×bump"
+        "size",
+        "toga fresh ms",
+        "toga warm ms",
+        "toga free ms",
+        "bump ms",
+        "cuda malloc ms",
+        "×cuda",
+        "×bump"
     );
     let mut ok = true;
     for size in SIZES {
@@ -68,7 +75,11 @@ pub fn run(gpu: &Gpu, cli: &Cli) -> toga::Result<bool> {
             cuda,
             cuda / fresh,
             fresh / bump,
-            if failed + failed_warm > 0 { format!("  ({} failed)", failed + failed_warm) } else { String::new() }
+            if failed + failed_warm > 0 {
+                format!("  ({} failed)", failed + failed_warm)
+            } else {
+                String::new()
+            }
         );
     }
     Ok(ok)

@@ -131,7 +131,11 @@ fn info(gpu: &Gpu, heap_size: u64) -> toga::Result<()> {
         g.data_offset
     );
     let classes: Vec<String> = (0..toga_kernels::size_class::NUM_CLASSES)
-        .map(|c| toga_kernels::size_class::SizeClass::ALL[c].size().to_string())
+        .map(|c| {
+            toga_kernels::size_class::SizeClass::ALL[c]
+                .size()
+                .to_string()
+        })
         .collect();
     println!(
         "size classes (UAlloc, bytes): {}; larger requests: TBuddy blocks of 4 KiB << order",
@@ -141,7 +145,11 @@ fn info(gpu: &Gpu, heap_size: u64) -> toga::Result<()> {
     println!(
         "heap check: {} bytes free in the buddy tree, whole-heap block {}",
         probe.free_bytes,
-        if probe.whole_heap_block { "available" } else { "not available (heap is not a power of two)" }
+        if probe.whole_heap_block {
+            "available"
+        } else {
+            "not available (heap is not a power of two)"
+        }
     );
     Ok(())
 }

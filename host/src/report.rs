@@ -35,7 +35,11 @@ impl Row {
             sizes,
             operations,
             kernel_ms,
-            mops_per_s: if kernel_ms > 0.0 { operations as f64 / kernel_ms / 1e3 } else { 0.0 },
+            mops_per_s: if kernel_ms > 0.0 {
+                operations as f64 / kernel_ms / 1e3
+            } else {
+                0.0
+            },
             failed_allocations,
             verified,
             note,

@@ -28,7 +28,14 @@ pub enum Kind {
     Vec,
 }
 
-const ALL: [Kind; 6] = [Kind::Storm, Kind::Mixed, Kind::Streams, Kind::Oom, Kind::Churn, Kind::Vec];
+const ALL: [Kind; 6] = [
+    Kind::Storm,
+    Kind::Mixed,
+    Kind::Streams,
+    Kind::Oom,
+    Kind::Churn,
+    Kind::Vec,
+];
 const STORM_SIZES: [u32; 7] = [16, 64, 256, 1024, 4096, 16384, 65536];
 
 struct Ctx<'a> {
@@ -56,7 +63,11 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
         Some(k) => vec![k],
         None => ALL.to_vec(),
     };
-    let bar = if cli.json { ProgressBar::hidden() } else { ProgressBar::new(kinds.len() as u64) };
+    let bar = if cli.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(kinds.len() as u64)
+    };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg} {elapsed}")
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
@@ -86,7 +97,10 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
         };
         // Every workload leaves the heap empty and uncorrupted.
         let s = ctx.heap.stats(&ctx.stream)?;
-        let clean = s.live_blocks() == 0 && s.used_bytes == 0 && s.invalid_frees == 0 && s.double_frees == 0;
+        let clean = s.live_blocks() == 0
+            && s.used_bytes == 0
+            && s.invalid_frees == 0
+            && s.double_frees == 0;
         if !clean {
             for r in &mut new_rows {
                 r.verified = false;
@@ -153,9 +167,13 @@ fn storm(c: &mut Ctx) -> toga::Result<Vec<Row>> {
         let sizes = c.stream.clone_htod(&vec![size; n as usize])?;
         let mut ptrs = c.stream.alloc_zeros::<u64>(n as usize)?;
         let mut err = errors(&c.stream)?;
-        let t_alloc = time_ms(&c.stream, || c.w.alloc_fill(&c.stream, &c.heap, &mut ptrs, &sizes, 1))?;
+        let t_alloc = time_ms(&c.stream, || {
+            c.w.alloc_fill(&c.stream, &c.heap, &mut ptrs, &sizes, 1)
+        })?;
         let got = count_nonnull(&c.stream, &ptrs)?;
-        let t_free = time_ms(&c.stream, || c.w.check_free(&c.stream, &c.heap, &ptrs, &sizes, 1, true, &mut err))?;
+        let t_free = time_ms(&c.stream, || {
+            c.w.check_free(&c.stream, &c.heap, &ptrs, &sizes, 1, true, &mut err)
+        })?;
         let e = c.stream.clone_dtoh(&err)?;
         let ms = (t_alloc + t_free) as f64;
         rows.push(Row::new(
@@ -166,7 +184,10 @@ fn storm(c: &mut Ctx) -> toga::Result<Vec<Row>> {
             ms,
             n - got,
             e[0] == 0 && got == n,
-            format!("alloc+fill {t_alloc:.3} ms, check+free {t_free:.3} ms; {} bad words", e[0]),
+            format!(
+                "alloc+fill {t_alloc:.3} ms, check+free {t_free:.3} ms; {} bad words",
+                e[0]
+            ),
         ));
     }
     Ok(rows)
@@ -177,7 +198,9 @@ fn mixed(c: &mut Ctx) -> toga::Result<Row> {
     // Each thread holds at most 4 blocks: keep the worst case inside the heap.
     let n = c.threads.min(c.heap.capacity() / (4 * hi as u64)).max(1);
     let mut err = errors(&c.stream)?;
-    let ms = time_ms(&c.stream, || c.w.churn(&c.stream, &c.heap, n, rounds, c.seed, (lo, hi), &mut err))?;
+    let ms = time_ms(&c.stream, || {
+        c.w.churn(&c.stream, &c.heap, n, rounds, c.seed, (lo, hi), &mut err)
+    })?;
     let e = c.stream.clone_dtoh(&err)?;
     Ok(Row::new(
         "mixed",
@@ -187,7 +210,10 @@ fn mixed(c: &mut Ctx) -> toga::Result<Row> {
         ms as f64,
         e[1],
         e[0] == 0 && e[1] == 0,
-        format!("{rounds} random alloc/free steps per thread; {} bad words", e[0]),
+        format!(
+            "{rounds} random alloc/free steps per thread; {} bad words",
+            e[0]
+        ),
     ))
 }
 
@@ -242,7 +268,9 @@ fn oom(c: &mut Ctx) -> toga::Result<Vec<Row>> {
         for round in 0..2u32 {
             let mut ptrs = c.stream.alloc_zeros::<u64>(n as usize)?;
             let mut err = errors(&c.stream)?;
-            ms += time_ms(&c.stream, || c.w.alloc_fill(&c.stream, &c.heap, &mut ptrs, &sizes, round))? as f64;
+            ms += time_ms(&c.stream, || {
+                c.w.alloc_fill(&c.stream, &c.heap, &mut ptrs, &sizes, round)
+            })? as f64;
             counts.push(count_nonnull(&c.stream, &ptrs)?);
             c.w.check_free(&c.stream, &c.heap, &ptrs, &sizes, round, true, &mut err)?;
             bad += c.stream.clone_dtoh(&err)?[0];
@@ -274,7 +302,17 @@ fn churn(c: &mut Ctx) -> toga::Result<Row> {
     let n = c.threads.min(c.heap.capacity() / (2 * hi as u64)).max(1);
     c.heap.reset_high_water(&c.stream)?;
     let mut err = errors(&c.stream)?;
-    let ms = time_ms(&c.stream, || c.w.churn(&c.stream, &c.heap, n, rounds, c.seed ^ 0xC0FFEE, (lo, hi), &mut err))?;
+    let ms = time_ms(&c.stream, || {
+        c.w.churn(
+            &c.stream,
+            &c.heap,
+            n,
+            rounds,
+            c.seed ^ 0xC0FFEE,
+            (lo, hi),
+            &mut err,
+        )
+    })?;
     let e = c.stream.clone_dtoh(&err)?;
     let s = c.heap.stats(&c.stream)?;
     Ok(Row::new(

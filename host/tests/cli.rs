@@ -5,7 +5,8 @@ use std::process::{Command, Output};
 /// The binary under test: cargo's build of it, or `TOGA_HOST_BIN` (set by the GPU bundle's
 /// run script, where the build path does not exist).
 fn host(args: &[&str]) -> Output {
-    let bin = std::env::var_os("TOGA_HOST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_host").into());
+    let bin =
+        std::env::var_os("TOGA_HOST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_host").into());
     Command::new(bin).args(args).output().expect("running host")
 }
 
@@ -17,7 +18,10 @@ fn assert_clean_failure(o: &Output, code: i32, needle: &str) {
     let err = stderr(o);
     assert_eq!(o.status.code(), Some(code), "stderr: {err}");
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
-    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "a panic: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "a panic: {err}"
+    );
 }
 
 /// Whether this machine can run GPU work (then the no-GPU expectations do not apply).
@@ -30,14 +34,28 @@ fn help_lists_the_subcommands_and_flags() {
     let o = host(&["--help"]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
-    for word in ["stress", "bench", "info", "--device", "--heap-size", "--threads", "--seed", "--json", "--workload"] {
+    for word in [
+        "stress",
+        "bench",
+        "info",
+        "--device",
+        "--heap-size",
+        "--threads",
+        "--seed",
+        "--json",
+        "--workload",
+    ] {
         assert!(out.contains(word), "--help lacks {word}");
     }
 }
 
 #[test]
 fn zero_heap_is_refused() {
-    assert_clean_failure(&host(&["--heap-size", "0"]), 1, "heap size must be greater than zero");
+    assert_clean_failure(
+        &host(&["--heap-size", "0"]),
+        1,
+        "heap size must be greater than zero",
+    );
 }
 
 #[test]
@@ -57,7 +75,11 @@ fn unparsable_heap_size_is_refused() {
 
 #[test]
 fn unknown_workload_is_refused() {
-    assert_clean_failure(&host(&["--workload", "teleport"]), 2, "invalid value 'teleport'");
+    assert_clean_failure(
+        &host(&["--workload", "teleport"]),
+        2,
+        "invalid value 'teleport'",
+    );
 }
 
 #[test]
@@ -98,12 +120,18 @@ fn heap_above_free_device_memory_is_refused() {
         eprintln!("skipped: no CUDA device");
         return;
     }
-    let free = toga::Gpu::open(0).and_then(|g| g.free_memory()).expect("GPU 0");
+    let free = toga::Gpu::open(0)
+        .and_then(|g| g.free_memory())
+        .expect("GPU 0");
     let size = toga_kernels::heap::MAX_HEAP_BYTES.min(free + (1 << 30));
     if size <= free {
         eprintln!("skipped: this GPU has more free memory ({free} B) than toga's largest heap");
         return;
     }
     let arg = size.to_string();
-    assert_clean_failure(&host(&["--heap-size", &arg, "info"]), 1, "free device memory");
+    assert_clean_failure(
+        &host(&["--heap-size", &arg, "info"]),
+        1,
+        "free device memory",
+    );
 }

@@ -15,10 +15,10 @@
 )]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-#[cfg(not(target_arch = "nvptx64"))]
-extern crate std;
 #[cfg(all(target_arch = "nvptx64", feature = "harness"))]
 extern crate alloc;
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
 
 pub mod platform;
 

@@ -39,7 +39,11 @@ impl HostHeap {
             heap.init_nodes(2, 3);
             heap.init_finish();
         }
-        Self { mem, layout, geometry }
+        Self {
+            mem,
+            layout,
+            geometry,
+        }
     }
 
     fn heap(&self) -> Heap<'_> {
@@ -53,8 +57,9 @@ impl HostHeap {
             .map(|a| {
                 // SAFETY: reading the shards of our own heap.
                 unsafe {
-                    let shard = self.mem.add(g.shards_offset as usize + a * size_of::<toga_kernels::heap::StatsShard>())
-                        as *const u64;
+                    let shard = self.mem.add(
+                        g.shards_offset as usize + a * size_of::<toga_kernels::heap::StatsShard>(),
+                    ) as *const u64;
                     std::ptr::read_volatile(shard.add(word))
                 }
             })
@@ -82,21 +87,31 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
     const STEPS: usize = 3000;
     let h = Arc::new(HostHeap::new(64 << 20, 4));
     let oracle: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<(u64, u32, u64)>()).unzip();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| mpsc::channel::<(u64, u32, u64)>())
+        .unzip();
     let senders = Arc::new(senders);
     let mut handles = Vec::new();
     for (t, rx) in receivers.into_iter().enumerate() {
         let (h, oracle, senders) = (h.clone(), oracle.clone(), senders.clone());
         handles.push(std::thread::spawn(move || {
             let heap = h.heap();
-            let mut rng = 0x1234_5678 ^ (t as u64 + 1) * 0x9E37_79B9;
+            let mut rng = 0x1234_5678 ^ ((t as u64 + 1) * 0x9E37_79B9);
             let mut live: Vec<(u64, u32, u64)> = Vec::new();
             let free = |(p, size, owner): (u64, u32, u64)| {
                 // SAFETY: a live block filled for `owner`.
                 unsafe {
-                    assert_eq!(pattern::check(p as *const u8, size as usize, owner, 1), 0, "corrupted block at {p:#x}");
+                    assert_eq!(
+                        pattern::check(p as *const u8, size as usize, owner, 1),
+                        0,
+                        "corrupted block at {p:#x}"
+                    );
                 }
-                oracle.lock().unwrap().remove(&p).expect("freeing a block the oracle does not know");
+                oracle
+                    .lock()
+                    .unwrap()
+                    .remove(&p)
+                    .expect("freeing a block the oracle does not know");
                 // SAFETY: live block of this heap, freed once.
                 unsafe { heap.free(p as *mut u8) };
             };
@@ -105,9 +120,9 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
                     free(b);
                 }
                 let r = xorshift(&mut rng);
-                if r % 3 == 0 && !live.is_empty() {
+                if r.is_multiple_of(3) && !live.is_empty() {
                     let b = live.swap_remove((r as usize / 3) % live.len());
-                    if r % 2 == 0 {
+                    if r.is_multiple_of(2) {
                         // The neighbour may have finished already: then free it here.
                         if let Err(mpsc::SendError(b)) = senders[(t + 1) % THREADS].send(b) {
                             free(b);
@@ -116,7 +131,11 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
                         free(b);
                     }
                 } else {
-                    let size = if r % 16 == 1 { 4096 + (r >> 20) % 200_000 } else { 1 + (r >> 20) % MAX_SMALL_SIZE as u64 } as u32;
+                    let size = if r % 16 == 1 {
+                        4096 + (r >> 20) % 200_000
+                    } else {
+                        1 + (r >> 20) % MAX_SMALL_SIZE as u64
+                    } as u32;
                     let p = heap.malloc(size as usize) as u64;
                     if p == 0 {
                         continue;
@@ -129,7 +148,10 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
                             assert!(q + len <= p, "{p:#x} overlaps the live block {q:#x}+{len}");
                         }
                         if let Some((&q, _)) = o.range(p..).next() {
-                            assert!(p + size as u64 <= q, "{p:#x}+{size} overlaps the live block {q:#x}");
+                            assert!(
+                                p + size as u64 <= q,
+                                "{p:#x}+{size} overlaps the live block {q:#x}"
+                            );
                         }
                         o.insert(p, size as u64);
                     }
@@ -141,7 +163,10 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
             live
         }));
     }
-    let leftovers: Vec<_> = handles.into_iter().flat_map(|j| j.join().unwrap()).collect();
+    let leftovers: Vec<_> = handles
+        .into_iter()
+        .flat_map(|j| j.join().unwrap())
+        .collect();
     // Blocks still in flight in channels are gone with the receivers; free what the threads kept
     // and what the oracle still knows.
     let heap = h.heap();
@@ -154,7 +179,7 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
         // SAFETY: live block, freed once.
         unsafe { heap.free(p as *mut u8) };
     }
-    for (&p, _) in oracle.lock().unwrap().iter() {
+    for &p in oracle.lock().unwrap().keys() {
         // SAFETY: blocks sent but never received are still live.
         unsafe { heap.free(p as *mut u8) };
     }
@@ -162,7 +187,11 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
     assert_eq!(h.stat(stat::LIVE_BYTES), 0);
     assert_eq!(h.stat(stat::DOUBLE_FREES) + h.stat(stat::INVALID_FREES), 0);
     heap.buddy().assert_valid();
-    assert_eq!(heap.buddy().available_pages(), h.geometry.pages, "every chunk is back in TBuddy");
+    assert_eq!(
+        heap.buddy().available_pages(),
+        h.geometry.pages,
+        "every chunk is back in TBuddy"
+    );
 }
 
 #[test]
@@ -188,7 +217,11 @@ fn misuse_is_counted_and_changes_nothing() {
     assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
     assert!(heap.malloc(0).is_null());
     assert!(heap.malloc(usize::MAX / 2).is_null());
-    assert_eq!(h.stat(stat::FAILED), 1, "malloc(0) is no failure; the huge one is");
+    assert_eq!(
+        h.stat(stat::FAILED),
+        1,
+        "malloc(0) is no failure; the huge one is"
+    );
 }
 
 #[test]
@@ -216,7 +249,11 @@ fn exhaustion_then_full_recovery() {
             }
             second.push(p);
         }
-        assert_eq!(first.len(), second.len(), "size {size}: the heap recovered fully");
+        assert_eq!(
+            first.len(),
+            second.len(),
+            "size {size}: the heap recovered fully"
+        );
         for &p in &second {
             // SAFETY: live blocks, freed once.
             unsafe { heap.free(p) };

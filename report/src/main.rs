@@ -60,7 +60,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn size_key(s: &str) -> u64 {
-    s.split('-').next().and_then(|x| x.parse().ok()).unwrap_or(u64::MAX)
+    s.split('-')
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(u64::MAX)
 }
 
 /// Medians per (allocator, size, threads, state, metric), with sample counts and failures.
@@ -68,7 +71,13 @@ fn summarize(samples: &[Sample]) -> BTreeMap<Key, (f64, usize, u64)> {
     let mut groups: BTreeMap<Key, Vec<&Sample>> = BTreeMap::new();
     for s in samples {
         groups
-            .entry((s.allocator.clone(), s.size.clone(), s.threads, s.state.clone(), s.metric.clone()))
+            .entry((
+                s.allocator.clone(),
+                s.size.clone(),
+                s.threads,
+                s.state.clone(),
+                s.metric.clone(),
+            ))
             .or_default()
             .push(s);
     }
@@ -76,7 +85,10 @@ fn summarize(samples: &[Sample]) -> BTreeMap<Key, (f64, usize, u64)> {
         .into_iter()
         .map(|(k, v)| {
             let failed = v.iter().map(|s| s.failed).max().unwrap_or(0);
-            (k, (median(v.iter().map(|s| s.ms).collect()), v.len(), failed))
+            (
+                k,
+                (median(v.iter().map(|s| s.ms).collect()), v.len(), failed),
+            )
         })
         .collect()
 }
@@ -84,11 +96,21 @@ fn summarize(samples: &[Sample]) -> BTreeMap<Key, (f64, usize, u64)> {
 fn main() -> std::process::ExitCode {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut args = std::env::args_os().skip(1);
-    let results = args.next().map(PathBuf::from).unwrap_or_else(|| root.join("docs/results"));
-    let doc = args.next().map(PathBuf::from).unwrap_or_else(|| root.join("docs/benchmarks.md"));
+    let results = args
+        .next()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("docs/results"));
+    let doc = args
+        .next()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("docs/benchmarks.md"));
     match run(&results, &doc) {
         Ok(()) => {
-            println!("wrote {} and {}", doc.display(), results.join("throughput.png").display());
+            println!(
+                "wrote {} and {}",
+                doc.display(),
+                results.join("throughput.png").display()
+            );
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
@@ -123,18 +145,39 @@ fn run(results: &Path, doc: &Path) -> Result<(), String> {
     for (scenario, samples) in &data {
         let summary = summarize(samples);
         let _ = writeln!(md, "## {scenario}\n");
-        let _ = writeln!(md, "| allocator | size (B) | threads | heap | metric | median ms | n | M allocs/s | failed |");
-        let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        let _ = writeln!(
+            md,
+            "| allocator | size (B) | threads | heap | metric | median ms | n | M allocs/s | failed |"
+        );
+        let _ = writeln!(
+            md,
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
         let mut rows: Vec<_> = summary.iter().collect();
-        rows.sort_by_key(|((a, size, threads, state, metric), _)| (size_key(size), *threads, state.clone(), metric.clone(), a.clone()));
+        rows.sort_by_key(|((a, size, threads, state, metric), _)| {
+            (
+                size_key(size),
+                *threads,
+                state.clone(),
+                metric.clone(),
+                a.clone(),
+            )
+        });
         for ((alloc, size, threads, state, metric), (ms, n, failed)) in rows {
             let value = if metric == "utilization" {
                 format!("{:.1} %", ms * 100.0)
             } else {
                 format!("{ms:.4}")
             };
-            let rate = if metric == "utilization" { String::new() } else { format!("{:.0}", *threads as f64 / ms / 1e3) };
-            let _ = writeln!(md, "| {alloc} | {size} | {threads} | {state} | {metric} | {value} | {n} | {rate} | {failed} |");
+            let rate = if metric == "utilization" {
+                String::new()
+            } else {
+                format!("{:.0}", *threads as f64 / ms / 1e3)
+            };
+            let _ = writeln!(
+                md,
+                "| {alloc} | {size} | {threads} | {state} | {metric} | {value} | {n} | {rate} | {failed} |"
+            );
         }
         let _ = writeln!(md);
     }
@@ -164,7 +207,10 @@ fn plot(data: &BTreeMap<String, Vec<Sample>>, path: &Path) -> Result<(), String>
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(Box::new(x)))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("malloc throughput, 2^20 threads, fresh heap", ("sans-serif", 22))
+        .caption(
+            "malloc throughput, 2^20 threads, fresh heap",
+            ("sans-serif", 22),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
@@ -183,9 +229,15 @@ fn plot(data: &BTreeMap<String, Vec<Sample>>, path: &Path) -> Result<(), String>
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
             .map_err(|x| e(Box::new(x)))?
             .label(alloc)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
-            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )
             .map_err(|x| e(Box::new(x)))?;
     }
     chart

@@ -34,7 +34,13 @@ pub unsafe extern "ptx-kernel" fn toga_litmus_message_passing(
 ) {
     use core::arch::nvptx::*;
     // SAFETY: special-register reads.
-    let (block, dim, tid) = unsafe { (_block_idx_x() as usize, _block_dim_x() as usize, _thread_idx_x() as usize) };
+    let (block, dim, tid) = unsafe {
+        (
+            _block_idx_x() as usize,
+            _block_dim_x() as usize,
+            _thread_idx_x() as usize,
+        )
+    };
     let slot = (block / 2) * dim + tid;
     // SAFETY: `slot` is below half the grid (kernel contract).
     let (data, flag) = unsafe { (&*data.add(slot), &*flag.add(slot)) };
@@ -108,8 +114,14 @@ pub unsafe extern "ptx-kernel" fn toga_litmus_atomics(
     unsafe { *exch.add(i as usize) = w[4].swap_acq_rel(i + 1) };
     let bit = 1u64 << (i % 64);
     // SAFETY: the bitmaps have `ceil(n / 64)` words.
-    let (or_word, and_word) = unsafe { (&*bits_or.add((i / 64) as usize), &*bits_and.add((i / 64) as usize)) };
-    let wrong = (or_word.fetch_or_acq_rel(bit) & bit != 0) as u64 + (and_word.fetch_and_acq_rel(!bit) & bit == 0) as u64;
+    let (or_word, and_word) = unsafe {
+        (
+            &*bits_or.add((i / 64) as usize),
+            &*bits_and.add((i / 64) as usize),
+        )
+    };
+    let wrong = (or_word.fetch_or_acq_rel(bit) & bit != 0) as u64
+        + (and_word.fetch_and_acq_rel(!bit) & bit == 0) as u64;
     if wrong != 0 {
         w[5].fetch_add_relaxed(wrong);
     }

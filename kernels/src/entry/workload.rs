@@ -26,7 +26,13 @@ fn count_error(errors: *const Atomic64, which: usize, n: u64) {
 /// # Safety
 /// `ptrs` and `sizes` have `n` elements.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn toga_alloc_fill(base: *mut u8, ptrs: *mut u64, sizes: *const u32, n: u64, tag: u32) {
+pub unsafe extern "ptx-kernel" fn toga_alloc_fill(
+    base: *mut u8,
+    ptrs: *mut u64,
+    sizes: *const u32,
+    n: u64,
+    tag: u32,
+) {
     let i = tid();
     if i as u64 >= n {
         return;
@@ -61,7 +67,13 @@ pub unsafe extern "ptx-kernel" fn toga_check_free(
         return;
     }
     // SAFETY: kernel contract.
-    let (heap, p, size) = unsafe { (Heap::from_base(base), *ptrs.add(i) as *mut u8, *sizes.add(i) as usize) };
+    let (heap, p, size) = unsafe {
+        (
+            Heap::from_base(base),
+            *ptrs.add(i) as *mut u8,
+            *sizes.add(i) as usize,
+        )
+    };
     if p.is_null() {
         return;
     }
@@ -105,7 +117,12 @@ pub unsafe extern "ptx-kernel" fn toga_free(base: *mut u8, ptrs: *const u64, n: 
 /// # Safety
 /// `errors` has two words.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn toga_malloc_free(base: *mut u8, size: u32, n: u64, errors: *const Atomic64) {
+pub unsafe extern "ptx-kernel" fn toga_malloc_free(
+    base: *mut u8,
+    size: u32,
+    n: u64,
+    errors: *const Atomic64,
+) {
     let i = tid();
     if (i as u64) >= n {
         return;
@@ -156,7 +173,14 @@ pub unsafe extern "ptx-kernel" fn cuda_free(ptrs: *const u64, n: u64) {
 /// # Safety
 /// `ptrs` has `n` elements; `bump` one word.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn bump_malloc(ptrs: *mut u64, size: u32, n: u64, bump: *const Atomic64, arena: u64, limit: u64) {
+pub unsafe extern "ptx-kernel" fn bump_malloc(
+    ptrs: *mut u64,
+    size: u32,
+    n: u64,
+    bump: *const Atomic64,
+    arena: u64,
+    limit: u64,
+) {
     let i = tid();
     if (i as u64) < n {
         let size = (size as u64).div_ceil(16) * 16;
@@ -189,7 +213,17 @@ pub unsafe extern "ptx-kernel" fn toga_vec_push(out: *mut u64, n: u64, len: u32)
         v.push(i as u64 * 1000 + k);
     }
     if sum != u64::MAX {
-        sum = v.iter().enumerate().map(|(k, &x)| if x == i as u64 * 1000 + k as u64 { x } else { 0 }).sum();
+        sum = v
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| {
+                if x == i as u64 * 1000 + k as u64 {
+                    x
+                } else {
+                    0
+                }
+            })
+            .sum();
     }
     // SAFETY: kernel contract.
     unsafe { *out.add(i) = sum };
@@ -202,7 +236,15 @@ pub unsafe extern "ptx-kernel" fn toga_vec_push(out: *mut u64, n: u64, len: u32)
 /// # Safety
 /// `errors` has two words.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn toga_churn(base: *mut u8, n: u64, rounds: u32, seed: u32, min: u32, max: u32, errors: *const Atomic64) {
+pub unsafe extern "ptx-kernel" fn toga_churn(
+    base: *mut u8,
+    n: u64,
+    rounds: u32,
+    seed: u32,
+    min: u32,
+    max: u32,
+    errors: *const Atomic64,
+) {
     const SLOTS: usize = 4;
     let i = tid();
     if (i as u64) >= n {
@@ -287,7 +329,12 @@ pub unsafe extern "ptx-kernel" fn toga_heap_probe(base: *mut u8, out: *mut u64) 
 /// # Safety
 /// `ptrs` and `sizes` have `n` elements.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn toga_malloc_sizes(base: *mut u8, ptrs: *mut u64, sizes: *const u32, n: u64) {
+pub unsafe extern "ptx-kernel" fn toga_malloc_sizes(
+    base: *mut u8,
+    ptrs: *mut u64,
+    sizes: *const u32,
+    n: u64,
+) {
     let i = tid();
     if (i as u64) < n {
         // SAFETY: kernel contract.

@@ -25,7 +25,9 @@ use core::ptr;
 use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
-use crate::ualloc::{Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, UAlloc};
+use crate::ualloc::{
+    Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, UAlloc,
+};
 
 /// `"togaheap"`: marks an initialized header.
 pub const HEAP_MAGIC: u64 = u64::from_le_bytes(*b"togaheap");
@@ -116,10 +118,14 @@ impl Geometry {
             return Err(GeometryError::Zero);
         }
         if data_bytes < MIN_HEAP_BYTES {
-            return Err(GeometryError::TooSmall { minimum: MIN_HEAP_BYTES });
+            return Err(GeometryError::TooSmall {
+                minimum: MIN_HEAP_BYTES,
+            });
         }
         if data_bytes > MAX_HEAP_BYTES {
-            return Err(GeometryError::TooLarge { maximum: MAX_HEAP_BYTES });
+            return Err(GeometryError::TooLarge {
+                maximum: MAX_HEAP_BYTES,
+            });
         }
         Ok(data_bytes / PAGE_SIZE as u64)
     }
@@ -137,7 +143,10 @@ impl Geometry {
         let line = LINE_SIZE as u64;
         let max_order = Self::max_order_for(pages);
         let shards_offset = align_up(size_of::<HeapHeader>() as u64, line);
-        let arenas_offset = align_up(shards_offset + arenas * size_of::<StatsShard>() as u64, line);
+        let arenas_offset = align_up(
+            shards_offset + arenas * size_of::<StatsShard>() as u64,
+            line,
+        );
         let nodes_offset = align_up(arenas_offset + arenas * size_of::<Arena>() as u64, line);
         let node_words = TBuddy::node_words(max_order as u32) as u64;
         let large_offset = align_up(nodes_offset + node_words * 4, line);
@@ -159,7 +168,12 @@ impl Geometry {
 
     /// Lay out a heap of `data_bytes` in an allocation of `total_bytes` (from
     /// [`Geometry::allocation_bytes`]) at device address `base`.
-    pub fn new(base: u64, total_bytes: u64, data_bytes: u64, arenas: u64) -> Result<Self, GeometryError> {
+    pub fn new(
+        base: u64,
+        total_bytes: u64,
+        data_bytes: u64,
+        arenas: u64,
+    ) -> Result<Self, GeometryError> {
         let pages = Self::check(data_bytes)?;
         let g = Self::layout(base, total_bytes, pages, arenas.max(1));
         debug_assert!(g.data_offset + pages * PAGE_SIZE as u64 <= total_bytes);
@@ -251,10 +265,20 @@ impl<'a> Heap<'a> {
             let header = &*(base as *const HeapHeader);
             let g = &header.geometry;
             let at = |off: u64| base.add(off as usize);
-            let shards = core::slice::from_raw_parts(at(g.shards_offset) as *const StatsShard, g.arenas as usize);
-            let arenas = core::slice::from_raw_parts(at(g.arenas_offset) as *const Arena, g.arenas as usize);
-            let nodes = core::slice::from_raw_parts(at(g.nodes_offset) as *const Atomic32, g.node_words as usize);
-            let large = core::slice::from_raw_parts(at(g.large_offset) as *const Atomic32, g.pages as usize);
+            let shards = core::slice::from_raw_parts(
+                at(g.shards_offset) as *const StatsShard,
+                g.arenas as usize,
+            );
+            let arenas =
+                core::slice::from_raw_parts(at(g.arenas_offset) as *const Arena, g.arenas as usize);
+            let nodes = core::slice::from_raw_parts(
+                at(g.nodes_offset) as *const Atomic32,
+                g.node_words as usize,
+            );
+            let large = core::slice::from_raw_parts(
+                at(g.large_offset) as *const Atomic32,
+                g.pages as usize,
+            );
             Self {
                 header,
                 shards,
@@ -272,7 +296,8 @@ impl<'a> Heap<'a> {
         let per = words.div_ceil(threads);
         let start = (thread * per).min(words);
         let end = (start + per).min(words);
-        self.buddy.init_nodes(start as usize..end as usize, self.header.geometry.pages);
+        self.buddy
+            .init_nodes(start as usize..end as usize, self.header.geometry.pages);
     }
 
     /// Initialization, step 2 (one thread, after step 1 finished everywhere).
@@ -325,7 +350,12 @@ impl<'a> Heap<'a> {
         let mask = platform::active_mask();
         let total = warp_sum(mask, bytes as u64);
         if platform::lane_id() == platform::leader_of(mask) && total != 0 {
-            let now = self.header.used.0.fetch_add_relaxed(total).wrapping_add(total);
+            let now = self
+                .header
+                .used
+                .0
+                .fetch_add_relaxed(total)
+                .wrapping_add(total);
             if (total as i64) > 0 {
                 self.header.used_high.0.fetch_max_relaxed(now);
             }
@@ -361,7 +391,10 @@ impl<'a> Heap<'a> {
                     add_reserved(self.header, (PAGE_SIZE as u64) << order);
                     self.count(stat::LIVE_LARGE, 1);
                     // SAFETY: TBuddy offsets are inside the data region.
-                    (unsafe { self.data.add(offset as usize) }, PAGE_SIZE << order)
+                    (
+                        unsafe { self.data.add(offset as usize) },
+                        PAGE_SIZE << order,
+                    )
                 }
                 None => (ptr::null_mut(), 0),
             }
@@ -418,7 +451,7 @@ impl<'a> Heap<'a> {
         if !self.contains(p) {
             return 0;
         }
-        if p as usize % PAGE_SIZE == 0 {
+        if (p as usize).is_multiple_of(PAGE_SIZE) {
             let page = ((p as u64 - self.data as u64) >> PAGE_SHIFT) as usize;
             match self.large[page].load_relaxed() {
                 0 => 0,
@@ -489,7 +522,7 @@ impl<'a> Heap<'a> {
             self.account_used(0);
             return;
         }
-        let bytes = if p as usize % PAGE_SIZE == 0 {
+        let bytes = if (p as usize).is_multiple_of(PAGE_SIZE) {
             let offset = p as u64 - self.data as u64;
             let page = (offset >> PAGE_SHIFT) as usize;
             // INV(HP1): only the one free that swaps the order out passes the block on.
@@ -536,4 +569,3 @@ impl<'a> Heap<'a> {
 mod bound;
 #[cfg(not(loom))]
 pub use bound::*;
-
