@@ -36,7 +36,7 @@
 //! a grace period; a chunk whose bins are all free goes back to the source after another.
 //! So memory flows back between classes and kinds.
 //!
-//! Invariants are listed in `docs/invariants-ualloc.md` (UA*, RCU*, CM*).
+//! Invariants are listed in `docs/invariants.md` (UA*, RCU*, CM*).
 
 pub mod arena;
 pub mod bin;
