@@ -41,6 +41,10 @@ struct Cli {
     /// Print results as JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// Give up (exit 1) if the whole run takes longer than this many seconds: a kernel that
+    /// never finishes cannot be interrupted otherwise.
+    #[arg(long, default_value_t = 300, global = true)]
+    timeout: u64,
     /// Run only this workload (see `stress --help` for the names).
     #[arg(long, value_enum, global = true)]
     workload: Option<workloads::Kind>,
@@ -67,6 +71,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    watchdog(cli.timeout);
     match run(&cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(EXIT_FAILURE),
@@ -79,6 +84,16 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// A GPU kernel that never finishes blocks the host forever in the next synchronization; after
+/// `seconds` the watchdog says so and ends the process.
+fn watchdog(seconds: u64) {
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        eprintln!("host: gave up after {seconds} s: a kernel did not finish (see --timeout)");
+        std::process::exit(EXIT_FAILURE as i32);
+    });
 }
 
 /// Ok(true) when everything verified.

@@ -85,22 +85,32 @@ pub fn print_rows(rows: &[Row], stats: &[(String, HeapStats)], json: bool) {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return;
     }
+    print_header();
+    for r in rows {
+        print_row(r);
+    }
+}
+
+/// The table's header line.
+pub fn print_header() {
     println!(
         "{:<9} {:>9} {:>18} {:>11} {:>11} {:>9} {:>8} {:>3}  note",
         "workload", "threads", "sizes", "operations", "kernel ms", "M ops/s", "failed", "ok"
     );
-    for r in rows {
-        println!(
-            "{:<9} {:>9} {:>18} {:>11} {:>11.3} {:>9.1} {:>8} {:>3}  {}",
-            r.workload,
-            r.threads,
-            r.sizes,
-            r.operations,
-            r.kernel_ms,
-            r.mops_per_s,
-            r.failed_allocations,
-            if r.verified { "✓" } else { "✗" },
-            r.note
-        );
-    }
+}
+
+/// One table row.
+pub fn print_row(r: &Row) {
+    println!(
+        "{:<9} {:>9} {:>18} {:>11} {:>11.3} {:>9.1} {:>8} {:>3}  {}",
+        r.workload,
+        r.threads,
+        r.sizes,
+        r.operations,
+        r.kernel_ms,
+        r.mops_per_s,
+        r.failed_allocations,
+        if r.verified { "✓" } else { "✗" },
+        r.note
+    );
 }

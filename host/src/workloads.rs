@@ -9,7 +9,7 @@ use toga::workload::{Workloads, time_ms};
 use toga::{Gpu, Heap, HeapStats};
 
 use crate::Cli;
-use crate::report::{Row, print_rows};
+use crate::report::{Row, print_header, print_row, print_rows};
 
 /// The workloads, in the order the suite runs them.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +85,10 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
     }
     let mut rows = Vec::new();
     let mut stats = Vec::new();
+    if !cli.json {
+        // Rows appear as workloads finish, so a slow or stuck one is visible at once.
+        print_header();
+    }
     for kind in kinds {
         bar.set_message(format!("{kind:?}"));
         let mut new_rows = match kind {
@@ -110,14 +114,19 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
             ctx.heap.reset(&ctx.stream)?;
         }
         if !cli.json {
-            bar.suspend(|| print_stats(kind, &s));
+            bar.suspend(|| {
+                new_rows.iter().for_each(print_row);
+                print_stats(kind, &s)
+            });
         }
         stats.push((format!("{kind:?}"), s));
         rows.extend(new_rows);
         bar.inc(1);
     }
     bar.finish_and_clear();
-    print_rows(&rows, &stats, cli.json);
+    if cli.json {
+        print_rows(&rows, &stats, true);
+    }
     Ok(rows.iter().all(|r| r.verified))
 }
 
