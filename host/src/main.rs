@@ -4,6 +4,7 @@
 
 mod bench;
 mod report;
+mod scan;
 mod workloads;
 
 use std::process::ExitCode;
@@ -60,6 +61,9 @@ enum Command {
     Bench,
     /// Device, SMs, memory, heap geometry and size classes.
     Info,
+    /// One malloc and one free kernel per size and thread count (2^8 up to --threads), each
+    /// with a time limit: where does the allocator stop scaling?
+    Scan,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -117,6 +121,7 @@ fn run(cli: &Cli) -> toga::Result<bool> {
         Command::Info => info(&gpu, heap_size).map(|_| true),
         Command::Stress => workloads::stress(&gpu, heap_size, cli),
         Command::Bench => bench::run(&gpu, cli),
+        Command::Scan => scan::run(&gpu, heap_size, cli),
     }
 }
 
