@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use toga::workload::MallocBench;
 
@@ -17,29 +15,25 @@ fn malloc_free(c: &mut Criterion) {
     let mut g = common::group(c, "b_malloc_free");
     g.throughput(Throughput::Elements(common::THREADS));
     for size in common::SIZES {
-        let mut iteration = 0;
-        g.bench_function(format!("toga/fresh/malloc_free/{size}"), |bencher| {
-            bencher.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let t = b.run_malloc_free(size).expect("benchmark iteration");
-                    csv.row(
-                        "b_malloc_free",
-                        "toga",
-                        &size.to_string(),
-                        common::THREADS,
-                        "fresh",
-                        "malloc_free",
-                        iteration,
-                        t.malloc_ms,
-                        t.failed,
-                    );
-                    iteration += 1;
-                    total += Duration::from_secs_f64(t.malloc_ms as f64 / 1e3);
-                }
-                total
-            })
-        });
+        common::gpu_timed(
+            &mut g,
+            format!("toga/fresh/malloc_free/{size}"),
+            |iteration| {
+                let t = b.run_malloc_free(size).expect("benchmark iteration");
+                csv.row(
+                    "b_malloc_free",
+                    "toga",
+                    &size.to_string(),
+                    common::THREADS,
+                    "fresh",
+                    "malloc_free",
+                    iteration,
+                    t.malloc_ms,
+                    t.failed,
+                );
+                t.malloc_ms
+            },
+        );
     }
     g.finish();
 }

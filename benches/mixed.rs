@@ -3,22 +3,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use toga::workload::{Allocator, MallocBench};
-
-fn sizes(n: u64) -> Vec<u32> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            16 + (x % (4096 - 16 + 1)) as u32
-        })
-        .collect()
-}
+use toga::workload::{Allocator, MallocBench, uniform_sizes};
 
 fn mixed(c: &mut Criterion) {
     let Some(gpu) = common::gpu(common::THREADS, 4096) else {
@@ -28,36 +14,34 @@ fn mixed(c: &mut Criterion) {
     let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
     let sizes = b
         .stream()
-        .clone_htod(&sizes(common::THREADS))
+        .clone_htod(&uniform_sizes(
+            common::THREADS,
+            16,
+            4096,
+            0x9E37_79B9_7F4A_7C15,
+        ))
         .expect("sizes");
     let mut csv = common::Csv::new("c_mixed", &gpu);
     let mut g = common::group(c, "c_mixed");
     g.throughput(Throughput::Elements(common::THREADS));
     for alloc in [Allocator::Toga, Allocator::Bump, Allocator::CudaMalloc] {
-        let mut iteration = 0;
-        g.bench_function(
+        common::gpu_timed(
+            &mut g,
             format!("{}/fresh/malloc/16-4096", alloc.name()),
-            |bencher| {
-                bencher.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let t = b.run_sizes(alloc, &sizes).expect("benchmark iteration");
-                        csv.row(
-                            "c_mixed",
-                            alloc.name(),
-                            "16-4096",
-                            common::THREADS,
-                            "fresh",
-                            "malloc",
-                            iteration,
-                            t.malloc_ms,
-                            t.failed,
-                        );
-                        iteration += 1;
-                        total += Duration::from_secs_f64(t.malloc_ms as f64 / 1e3);
-                    }
-                    total
-                })
+            |iteration| {
+                let t = b.run_sizes(alloc, &sizes).expect("benchmark iteration");
+                csv.row(
+                    "c_mixed",
+                    alloc.name(),
+                    "16-4096",
+                    common::THREADS,
+                    "fresh",
+                    "malloc",
+                    iteration,
+                    t.malloc_ms,
+                    t.failed,
+                );
+                t.malloc_ms
             },
         );
     }

@@ -39,6 +39,19 @@ pub struct Probe {
     pub whole_heap_block: bool,
 }
 
+/// `n` sizes uniform over `lo..=hi` from a seeded xorshift: the same list on every run.
+pub fn uniform_sizes(n: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            lo + (x % (hi - lo + 1) as u64) as u32
+        })
+        .collect()
+}
+
 /// GPU time of the work `f` enqueues on `stream`, by CUDA events, in milliseconds.
 pub fn time_ms(stream: &Arc<CudaStream>, f: impl FnOnce() -> Result<()>) -> Result<f32> {
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);

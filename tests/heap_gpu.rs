@@ -4,23 +4,11 @@
 mod common;
 
 use cudarc::driver::PushKernelArg;
-use toga::workload::Workloads;
+use toga::workload::{Workloads, uniform_sizes};
 use toga::{Heap, launch_config};
 use toga_kernels::ualloc::MAX_SMALL_SIZE;
 
 const THREADS: u64 = 1 << 20;
-
-fn xorshift_sizes(n: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            lo + (x % (hi - lo + 1) as u64) as u32
-        })
-        .collect()
-}
 
 /// The bytes a block of `size` really takes.
 fn block_bytes(size: u32) -> u64 {
@@ -59,7 +47,7 @@ fn tbuddy_random_orders_fill_check_free_on_another_stream() {
     // 4 KiB – 1 MiB blocks for 2^20 threads need far more than 1 GiB: some requests fail.
     let heap = Heap::new(&gpu, &stream, 1 << 30).unwrap();
     let w = Workloads::new(&gpu).unwrap();
-    let orders = xorshift_sizes(THREADS, 0, 8, 42);
+    let orders = uniform_sizes(THREADS, 0, 8, 42);
     let sizes: Vec<u32> = orders.iter().map(|&o| 4096u32 << o).collect();
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
@@ -158,7 +146,7 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 2 << 30).unwrap();
     let w = Workloads::new(&gpu).unwrap();
-    let sizes = xorshift_sizes(THREADS, 8, 65536, 7);
+    let sizes = uniform_sizes(THREADS, 8, 65536, 7);
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
     w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 9)

@@ -124,30 +124,38 @@ pub fn bench_malloc(
     let threads = b.threads();
     g.throughput(Throughput::Elements(threads));
     let id = format!("{}/{}/{}/{size}", alloc.name(), state_name(state), metric);
+    gpu_timed(g, id, |iteration| {
+        let t: Timing = b.run(alloc, size, state).expect("benchmark iteration");
+        let ms = if metric == "free" {
+            t.free_ms
+        } else {
+            t.malloc_ms
+        };
+        csv.row(
+            scenario,
+            alloc.name(),
+            &size.to_string(),
+            threads,
+            state_name(state),
+            metric,
+            iteration,
+            ms,
+            t.failed,
+        );
+        ms
+    });
+}
+
+/// Register benchmark `id` whose every iteration is `one(iteration)`, returning the GPU time (ms)
+/// that counts; criterion sees only those times (`iter_custom`).
+pub fn gpu_timed(g: &mut BenchmarkGroup<WallTime>, id: String, mut one: impl FnMut(usize) -> f32) {
     let mut iteration = 0;
     g.bench_function(id, |bencher| {
         bencher.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let t: Timing = b.run(alloc, size, state).expect("benchmark iteration");
-                let ms = if metric == "free" {
-                    t.free_ms
-                } else {
-                    t.malloc_ms
-                };
-                csv.row(
-                    scenario,
-                    alloc.name(),
-                    &size.to_string(),
-                    threads,
-                    state_name(state),
-                    metric,
-                    iteration,
-                    ms,
-                    t.failed,
-                );
+                total += Duration::from_secs_f64(one(iteration) as f64 / 1e3);
                 iteration += 1;
-                total += Duration::from_secs_f64(ms as f64 / 1e3);
             }
             total
         })

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use indicatif::{ProgressBar, ProgressStyle};
-use toga::workload::{Workloads, time_ms};
+use toga::workload::{Workloads, time_ms, uniform_sizes};
 use toga::{Gpu, Heap, HeapStats};
 
 use crate::Cli;
@@ -154,19 +154,6 @@ fn count_nonnull(stream: &Arc<CudaStream>, ptrs: &CudaSlice<u64>) -> toga::Resul
     Ok(stream.clone_dtoh(ptrs)?.iter().filter(|&&p| p != 0).count() as u64)
 }
 
-/// A seeded xorshift for host-side size lists.
-fn sizes_uniform(n: u64, lo: u32, hi: u32, seed: u32) -> Vec<u32> {
-    let mut x = (seed as u64) << 32 | 0x9E37_79B9;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            lo + (x % (hi - lo + 1) as u64) as u32
-        })
-        .collect()
-}
-
 fn storm(c: &mut Ctx) -> toga::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for size in STORM_SIZES {
@@ -237,7 +224,7 @@ fn streams(c: &mut Ctx) -> toga::Result<Row> {
     for s in [&a, &b, &cs] {
         s.wait(&ready)?;
     }
-    let sizes = a.clone_htod(&sizes_uniform(n, lo, hi, c.seed))?;
+    let sizes = a.clone_htod(&uniform_sizes(n, lo, hi, c.seed as u64))?;
     let mut ptrs = a.alloc_zeros::<u64>(n as usize)?;
     let mut err_b = b.alloc_zeros::<u64>(2)?;
     let mut err_c = cs.alloc_zeros::<u64>(2)?;

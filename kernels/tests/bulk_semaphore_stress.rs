@@ -5,48 +5,15 @@
 //! a unit that does not exist, the shadow count would go negative.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::{Rng, with_deadline};
+
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::SeqCst};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use toga_kernels::bulk_semaphore::{BulkSemaphore, Wait};
 
 const THREADS: usize = 8;
-/// A test that takes longer than this has hung (the whole suite takes a few seconds).
-const DEADLINE: Duration = Duration::from_secs(60);
-
-/// Runs `f` on a helper thread and fails the test if it does not finish by `DEADLINE`.
-fn with_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        let v = f();
-        let _ = tx.send(());
-        v
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(()) => handle.join().expect("test thread panicked"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
-            Ok(_) => unreachable!("sender dropped without sending"),
-            Err(e) => std::panic::resume_unwind(e),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("hung: not finished after {DEADLINE:?}"),
-    }
-}
-
-/// SplitMix64: a small seeded generator, so runs are reproducible per thread.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A pool of units behind a semaphore, with a budget of refills.
 struct Pool {

@@ -6,50 +6,19 @@
 //! the tree after every quiescent phase.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::{Rng, with_deadline};
+
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Barrier, Mutex, mpsc};
-use std::time::Duration;
+use std::sync::{Barrier, Mutex};
 
 use toga_kernels::platform::Atomic32;
 use toga_kernels::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 
 const THREADS: usize = 8;
-/// A test that takes longer than this has hung (the whole file takes seconds).
-const DEADLINE: Duration = Duration::from_secs(60);
-
-fn with_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        let v = f();
-        let _ = tx.send(());
-        v
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(()) => handle.join().expect("test thread panicked"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
-            Ok(_) => unreachable!("sender dropped without sending"),
-            Err(e) => std::panic::resume_unwind(e),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("hung: not finished after {DEADLINE:?}"),
-    }
-}
-
-/// SplitMix64, seeded per thread.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A tree, its node words and the memory it manages.
 struct Heap {

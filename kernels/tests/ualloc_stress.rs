@@ -4,11 +4,14 @@
 //! with `assert_valid` and every chunk back in the source.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::{Rng, with_deadline};
+
 use std::alloc::{Layout, alloc, dealloc};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
 
 use toga_kernels::size_class::{BinKind, MAX_SMALL_SIZE, NUM_CLASSES, SizeClass};
 use toga_kernels::ualloc::layout::{
@@ -16,43 +19,16 @@ use toga_kernels::ualloc::layout::{
 };
 use toga_kernels::ualloc::{Arena, CHUNK_SIZE, ChunkSource, FreeOutcome, PAGE_SIZE, UAlloc};
 
-/// A test that takes longer than this has hung.
-const DEADLINE: Duration = Duration::from_secs(60);
 /// Byte written over chunk memory before UAlloc gets it and after it gives it back, so that
 /// nothing relies on zeroed chunks or touches a returned one unnoticed.
 const SCRIBBLE: u8 = 0xA5;
 
-/// Runs `f` on a helper thread and fails the test if it does not finish by `DEADLINE`.
-fn with_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        let v = f();
-        let _ = tx.send(());
-        v
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(()) => handle.join().expect("test thread panicked"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
-            Ok(_) => unreachable!("sender dropped without sending"),
-            Err(e) => std::panic::resume_unwind(e),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("hung: not finished after {DEADLINE:?}"),
-    }
+/// Test-specific draws.
+trait RngExt {
+    fn size(&mut self) -> usize;
 }
 
-/// SplitMix64: a small seeded generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+impl RngExt for Rng {
     /// A request size: every class, small ones more often, odd sizes included.
     fn size(&mut self) -> usize {
         let class = match self.below(16) {
