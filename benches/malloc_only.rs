@@ -14,39 +14,26 @@ fn malloc_only(c: &mut Criterion) {
     let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
     let mut csv = common::Csv::new("a_malloc_only", &gpu);
     let mut g = common::group(c, "a_malloc_only");
+    // toga from a fresh and from a warm heap, then the two baselines.
+    let cells = [
+        (Allocator::Toga, HeapState::Fresh),
+        (Allocator::Toga, HeapState::Warm),
+        (Allocator::Bump, HeapState::Fresh),
+        (Allocator::CudaMalloc, HeapState::Fresh),
+    ];
     for size in common::SIZES {
-        for state in [HeapState::Fresh, HeapState::Warm] {
+        for (alloc, state) in cells {
             common::bench_malloc(
                 &mut g,
                 &mut b,
                 &mut csv,
                 "a_malloc_only",
-                Allocator::Toga,
+                alloc,
                 size,
                 state,
                 "malloc",
             );
         }
-        common::bench_malloc(
-            &mut g,
-            &mut b,
-            &mut csv,
-            "a_malloc_only",
-            Allocator::Bump,
-            size,
-            HeapState::Fresh,
-            "malloc",
-        );
-        common::bench_malloc(
-            &mut g,
-            &mut b,
-            &mut csv,
-            "a_malloc_only",
-            Allocator::CudaMalloc,
-            size,
-            HeapState::Fresh,
-            "malloc",
-        );
     }
     g.finish();
 }
