@@ -14,7 +14,7 @@ use crate::Cli;
 
 const SIZES: [u32; 6] = [16, 256, 2048, 4096, 65536, 1 << 20];
 /// How long one kernel may take before the scan gives up.
-const KERNEL_LIMIT: Duration = Duration::from_secs(20);
+const KERNEL_LIMIT: Duration = Duration::from_secs(10);
 
 /// Wait for the work enqueued so far on `stream`; `Ok(None)` if it did not finish in time.
 /// Returns the GPU time since `start` in milliseconds.
@@ -33,6 +33,30 @@ fn finish(
     Ok(Some(start.elapsed_ms(&end)?))
 }
 
+/// While a kernel is stuck: copy the heap header on a second stream (copies run beside a
+/// kernel) and print each buddy order's semaphore, `C/E/R` (available, promised, reserved).
+fn print_semaphores(gpu: &Gpu, heap: &Heap) -> toga::Result<()> {
+    use toga_kernels::heap::HeapHeader;
+    let side = gpu.new_stream()?;
+    let mut bytes = vec![0u8; std::mem::size_of::<HeapHeader>()];
+    // SAFETY: the header lies at the heap's base; `bytes` holds exactly one.
+    unsafe {
+        cudarc::driver::result::memcpy_dtoh_async(&mut bytes[..], heap.base(), side.cu_stream())?;
+    }
+    side.synchronize()?;
+    // SAFETY: HeapHeader is plain words (atomics of integers); any bit pattern is valid.
+    let header: HeapHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let orders = header.geometry.max_order as u32;
+    let line: Vec<String> = (0..=orders)
+        .map(|o| {
+            let (c, e, r) = header.buddy.semaphore(o).counters();
+            format!("{o}:{c}/{e}/{r}")
+        })
+        .collect();
+    println!("  buddy semaphores (order:C/E/R): {}", line.join(" "));
+    Ok(())
+}
+
 /// Print the scan; `Ok(false)` at the first kernel that does not finish (the process must end
 /// then: the GPU is still running it).
 pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
@@ -45,8 +69,8 @@ pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
         KERNEL_LIMIT.as_secs()
     );
     println!(
-        "{:>8} {:>9} {:>12} {:>12} {:>9}",
-        "size", "threads", "malloc ms", "free ms", "failed"
+        "{:>8} {:>9} {:>12} {:>12} {:>9} {:>12}",
+        "size", "threads", "malloc ms", "free ms", "failed", "reserved MiB"
     );
     let max_log = 63 - cli.threads.leading_zeros();
     for size in SIZES {
@@ -62,6 +86,7 @@ pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
                     "{size:>8} {n:>9}  malloc kernel did not finish within {} s",
                     KERNEL_LIMIT.as_secs()
                 );
+                print_semaphores(gpu, &heap)?;
                 return Ok(false);
             };
             let failed = stream
@@ -69,6 +94,7 @@ pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
                 .iter()
                 .filter(|&&p| p == 0)
                 .count();
+            let reserved_mib = heap.stats(&stream)?.reserved_bytes as f64 / (1u64 << 20) as f64;
             let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             w.free(&stream, &heap, &ptrs)?;
             let Some(free_ms) = finish(&stream, &start)? else {
@@ -76,9 +102,12 @@ pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
                     "{size:>8} {n:>9} {malloc_ms:>12.4}  free kernel did not finish within {} s",
                     KERNEL_LIMIT.as_secs()
                 );
+                print_semaphores(gpu, &heap)?;
                 return Ok(false);
             };
-            println!("{size:>8} {n:>9} {malloc_ms:>12.4} {free_ms:>12.4} {failed:>9}");
+            println!(
+                "{size:>8} {n:>9} {malloc_ms:>12.4} {free_ms:>12.4} {failed:>9} {reserved_mib:>12.1}"
+            );
         }
     }
     Ok(true)

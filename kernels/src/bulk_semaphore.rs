@@ -18,13 +18,17 @@
 //! # `wait(n, batch)`
 //! 1. Fast path: subtract `n` from C with one add. If the old C was `>= n` the units are ours.
 //!    Otherwise add `n` back (INV(SEM3)) and take the slow path.
-//! 2. Slow path (CAS on the word, decisions on one consistent snapshot):
+//! 2. Slow path (CAS on the word, decisions on one consistent snapshot, C read as `max(C, 0)`,
+//!    back-off after every failed CAS):
 //!    - `C + E - R < n`: demand exceeds supply plus promised refills: `E += batch - n`, return
 //!      [`Wait::MustRefill`]. The caller creates `batch` units, keeps `n`, and then calls
 //!      `signal(batch - n, batch - n)`, or `retract(batch - n)` if it could not (INV(SEM4)).
 //!    - else if `C >= n`: `C -= n`, [`Wait::Acquired`].
-//!    - else `R += n` and spin (with back-off) while `C < n && R <= C + E`, then `R -= n` and
-//!      start over (INV(SEM5), INV(SEM6)).
+//!    - else `R += n` and spin (with back-off) while `C < n && R <= C + E`. The reservation is
+//!      never dropped to decide again: the waiter leaves either with units (`C -= n, R -= n`
+//!      in one add) or as a refiller (`R -= n, E += batch - n` in one CAS), so a refill that
+//!      lands, or one that is retracted, moves one waiter and not the whole crowd
+//!      (INV(SEM5), INV(SEM6)).
 //!
 //! The paper prints "C ≥ I" for the second test (a typo for N) and spins while `R < C + E`;
 //! with the waiter's own reservation counted in R that stops a waiter whose reservation is
@@ -33,8 +37,8 @@
 //!
 //! Out of memory never hangs: a waiter spins only while promised refills cover every
 //! reservation; once refills are retracted (or none is in flight, `E == 0`) the reservations
-//! exceed the supply, the waiters leave, and the next pass makes one of them a refiller, whose
-//! refill fails and returns `None` to its caller.
+//! exceed the supply and one waiter turns its reservation into a refill, which fails and
+//! returns `None` to its caller; that repeats until the waiters left are covered.
 //!
 //! # Invariants (`docs/invariants.md`)
 //! - SEM1: C, E, R live in one word as drawn; all-zero is the empty semaphore.
@@ -43,12 +47,15 @@
 //!   adds to E directly; its caller keeps the bound); they shrink only by amounts the same
 //!   thread added, so no add borrows or carries between fields. C's bound is the pool's duty.
 //! - SEM3: the C field may read below the real count by the deductions of fast paths that
-//!   failed and have not rolled back yet (at most the sum of their n). Decisions treat those as
-//!   demand: the deducting threads take the slow path next.
+//!   failed and have not rolled back yet (at most the sum of their n), even below zero.
+//!   Decisions read C as `max(C, 0)` (the real C is never less) and leave those deductions to
+//!   the deducting threads, which take the slow path next and count for themselves. A spinning
+//!   waiter's attempt to take moves C and R together, so it leaves `C - R` unchanged.
 //! - SEM4: every [`Wait::MustRefill`] added `batch - n` to E and is answered by exactly one
 //!   `signal(batch - n, batch - n)` or `retract(batch - n)`; so is every `promise(e)` (with
 //!   `e`): E is the sum of open promises.
-//! - SEM5: R is the sum of n over waiters inside the spin loop.
+//! - SEM5: R is the sum of n over waiters inside the spin loop; a waiter's n leaves R in the
+//!   same atomic operation that gives it units or makes it a refiller.
 //! - SEM6: a waiter spins only while `C < n && R <= C + E`; promises in flight then cover all
 //!   reservations, and every promise ends (signal or retract) without waiting on this
 //!   semaphore (a refiller must not wait on the semaphore it promised to), so every spin ends.
@@ -183,10 +190,10 @@ impl BulkSemaphore {
         let mut word = self.word.load_relaxed();
         loop {
             let s = Counters::unpack(word);
-            // INV(SEM3): C may be below the real count by the deductions of fast paths that
-            // failed and have not rolled back yet; those threads come here next, so their
-            // deductions count as demand, like reservations.
-            if s.c + s.e - s.r < need {
+            // INV(SEM3): C may read below the real count (never below 0) by the deductions of
+            // fast paths that failed and have not rolled back yet; the real C is at least
+            // `max(C, 0)`, and the deducting threads come here next and count for themselves.
+            if s.c.max(0) + s.e - s.r < need {
                 // Demand exceeds supply + promises: become a refiller (INV(SEM4)).
                 if s.e + (batch - n) as i64 > MAX_EXPECTED as i64 {
                     // INV(SEM2): E is full; let promises settle instead of overflowing.
@@ -220,24 +227,47 @@ impl BulkSemaphore {
                     continue;
                 }
                 match self.word.compare_exchange_relaxed(word, word + r_units(n)) {
-                    Ok(_) => {
-                        self.spin_reserved(need, &mut backoff);
-                        // INV(SEM5): drop the reservation before the next decision.
-                        word = self.word.fetch_sub_relaxed(r_units(n)) - r_units(n);
-                    }
+                    Ok(_) => return self.spin_reserved(n, batch),
                     Err(now) => word = now,
                 }
             }
+            // A failed CAS: the word moved under us. Under contention an immediate retry only
+            // feeds the storm (PERFORMANCE.md), so wait a little before deciding again.
+            backoff.snooze();
         }
     }
 
-    /// Spin while the units are not there yet but promised refills cover every reservation
-    /// (ours included): INV(SEM6).
-    fn spin_reserved(&self, need: i64, backoff: &mut Backoff) {
+    /// Spin holding a reservation of `n` while promised refills cover every reservation (ours
+    /// included): INV(SEM6). The reservation is never dropped and retaken, so a refill that
+    /// lands does not send every waiter back through the decision (a thundering herd):
+    /// - units there: take them and drop the reservation in ONE add (`C -= n, R -= n`), rolled
+    ///   back when another waiter was first. Both fields move together, so the transient
+    ///   leaves `R - C` (what other waiters decide on) unchanged;
+    /// - promises no longer cover the reservations (a refill was retracted): turn this
+    ///   reservation into a refill promise in one CAS (`R -= n, E += batch - n`). The first
+    ///   waiter to do so restores the cover, and the others keep spinning.
+    fn spin_reserved(&self, n: u32, batch: u32) -> Wait {
+        let need = n as i64;
+        let mut backoff = Backoff::new();
         loop {
-            let s = Counters::unpack(self.word.load_relaxed());
-            if s.c >= need || s.r > s.c + s.e {
-                return;
+            let word = self.word.load_relaxed();
+            let s = Counters::unpack(word);
+            if s.c >= need {
+                let take = c_units(n) + r_units(n);
+                // INV(SEM7): acquire pairs with the release in `signal`/`release`. INV(SEM2):
+                // our reservation is in R, so R never borrows into E.
+                let old = self.word.fetch_add_acquire(take.wrapping_neg());
+                if Counters::unpack(old).c >= need {
+                    return Wait::Acquired;
+                }
+                // INV(SEM3): another waiter took them first; put back C and our reservation.
+                self.word.fetch_add_relaxed(take);
+            } else if s.r > s.c.max(0) + s.e && s.e + ((batch - n) as i64) <= MAX_EXPECTED as i64 {
+                // Acq_rel, as for every refill decision in `wait_slow`.
+                let promise = word - r_units(n) + e_units(batch - n);
+                if self.word.compare_exchange_acq_rel(word, promise).is_ok() {
+                    return Wait::MustRefill;
+                }
             }
             backoff.snooze();
         }
@@ -290,6 +320,7 @@ impl BulkSemaphore {
     /// fail although the units exist. Callers that must know (the TBuddy merge) re-check.
     #[inline]
     pub fn try_wait(&self, n: u32) -> bool {
+        let mut backoff = Backoff::new();
         let mut word = self.word.load_relaxed();
         loop {
             if Counters::unpack(word).c < n as i64 {
@@ -303,6 +334,7 @@ impl BulkSemaphore {
                 Ok(_) => return true,
                 Err(now) => word = now,
             }
+            backoff.snooze();
         }
     }
 

@@ -59,6 +59,12 @@
 //! - TB7: nodes wholly beyond `usable_pages` are Busy and nodes straddling it Partial, forever;
 //!   init's Available nodes are the binary decomposition of `usable_pages`.
 //! - TB8: all-zero memory is a valid tree: all Busy, semaphores empty, every `alloc` is `None`.
+//! - TB9: the free-page counter is the pages of Available blocks and of blocks in transit
+//!   (being split or merged), less the pages reserved by allocators that have not found their
+//!   block yet; at quiescence, exactly the pages of Available blocks. An allocation reserves
+//!   its pages first and gives them back if it fails; a free adds them after the block is
+//!   back in the tree. So the counter never promises pages that do not exist, and with K free
+//!   pages at most K one-page requests get past it.
 
 mod index;
 
@@ -79,6 +85,10 @@ pub const MAX_LEVELS: u32 = 24;
 pub const MAX_ORDER: u32 = MAX_LEVELS - 1;
 /// Units per refill of an order: one block of order k+1 makes two of order k.
 pub const BATCH: u32 = 2;
+/// How often a one-page `alloc` that holds a page reservation searches before it gives up.
+/// The page exists (INV(TB9)), so a search fails only while it is in transit; the bound is a
+/// safety net against a hang, far above what transit needs.
+pub const SEARCH_TRIES: u32 = 1000;
 
 // Node indices are u32 (`2^MAX_LEVELS` of them), block offsets fit u64.
 const _: () = assert!(MAX_LEVELS < u32::BITS);
@@ -103,12 +113,19 @@ const _: () = assert!(STATE_MASK & LOCKED == 0 && PARTIAL & !STATE_MASK == 0);
 #[repr(C, align(128))]
 struct OrderSemaphore(BulkSemaphore);
 
+/// The free-page counter, alone on its cache line: every `alloc` and `free` adds to it.
+#[repr(C, align(128))]
+struct PageCounter(Atomic64);
+
 /// The shared part of a TBuddy: one semaphore per order and the geometry. Zeroed memory is a
 /// valid, empty header; [`TBuddy::init_finish`] fills it.
 #[repr(C)]
 pub struct TBuddyHeader {
     /// Semaphore k counts Available nodes of order k (INV(TB4)).
     sems: [OrderSemaphore; MAX_LEVELS as usize],
+    /// Pages in free blocks, less the pages that allocators have reserved and not yet taken
+    /// (INV(TB9)): the cheap test that turns an allocation away when memory is out.
+    free_pages: PageCounter,
     /// Pages the tree manages, written by `init_finish` (0 before).
     usable_pages: Atomic64,
     /// Tickets that re-scatter a search after a collision (threads that collided had the same
@@ -121,6 +138,7 @@ impl TBuddyHeader {
     pub fn new() -> Self {
         Self {
             sems: core::array::from_fn(|_| OrderSemaphore(BulkSemaphore::new(0))),
+            free_pages: PageCounter(Atomic64::new(0)),
             usable_pages: Atomic64::new(0),
             scatter: Atomic32::new(0),
         }
@@ -313,6 +331,8 @@ impl<'a> TBuddy<'a> {
             // INV(TB4): C = number of Available nodes of the order.
             self.sem(order).release(available as u32);
         }
+        // INV(TB9): every page starts free.
+        self.header.free_pages.0.store_relaxed(usable_pages);
         self.header.usable_pages.store_release(usable_pages);
     }
 
@@ -326,10 +346,53 @@ impl<'a> TBuddy<'a> {
 
     /// A block of `PAGE_SIZE << order` bytes, aligned to its size: its byte offset from the
     /// region's start. `None` when out of memory (or `order > max_order`); never hangs.
+    ///
+    /// First the pages are reserved on the free-page counter (INV(TB9)): one add, which turns
+    /// every request beyond the free pages away at once, so a heap that runs out costs the
+    /// losers one atomic each instead of a climb to the root. A thread holding a reservation
+    /// then looks for a block ([`alloc_block`](Self::alloc_block)). For one page that always
+    /// succeeds in the end: a reserved page is free, maybe in transit in another thread's split
+    /// or merge, so a search that came back empty is repeated (after a back-off, at most
+    /// [`SEARCH_TRIES`] times). Larger orders give up sooner: free pages need not be
+    /// contiguous.
     pub fn alloc(&self, order: u32) -> Option<u64> {
         if order > self.max_order {
             return None;
         }
+        let pages = 1u64 << order;
+        if !self.reserve_pages(pages) {
+            return None;
+        }
+        let tries = if order == 0 { SEARCH_TRIES } else { 2 };
+        let mut backoff = Backoff::new();
+        for _ in 0..tries {
+            if let Some(offset) = self.alloc_block(order) {
+                return Some(offset);
+            }
+            backoff.snooze();
+        }
+        // INV(TB9): the pages were not taken; give the reservation back.
+        self.header.free_pages.0.fetch_add_relaxed(pages);
+        None
+    }
+
+    /// Reserve `pages` on the free-page counter: one subtraction, rolled back when the counter
+    /// was short (INV(TB9)).
+    fn reserve_pages(&self, pages: u64) -> bool {
+        let free = &self.header.free_pages.0;
+        // Relaxed: an account only; the blocks themselves are published through the node words
+        // and the semaphores.
+        let old = free.fetch_sub_relaxed(pages) as i64;
+        if old >= pages as i64 {
+            return true;
+        }
+        free.fetch_add_relaxed(pages);
+        false
+    }
+
+    /// One search for a block of `order` (Gelado & Garland's TBuddy allocation): count a unit
+    /// on the order's semaphore, climbing to refill it where it is empty, then find and split.
+    fn alloc_block(&self, order: u32) -> Option<u64> {
         // Stage 1: count a unit at the lowest order that has one, promising a refill to every
         // order passed on the way (INV(SEM4)).
         let mut have = order;
@@ -425,6 +488,13 @@ impl<'a> TBuddy<'a> {
     /// Give back a block from [`alloc`](Self::alloc). The caller guarantees `(offset, order)` is
     /// a live block of this tree (no double free).
     pub fn free(&self, offset: u64, order: u32) {
+        self.free_block(offset, order);
+        // INV(TB9): counted free once it can be found. Relaxed, as in `reserve_pages`.
+        self.header.free_pages.0.fetch_add_relaxed(1u64 << order);
+    }
+
+    /// Return the block to the tree, merging it with free buddies on the way up.
+    fn free_block(&self, offset: u64, order: u32) {
         debug_assert!(order <= self.max_order);
         debug_assert_eq!(offset & ((PAGE_SIZE as u64) << order).wrapping_sub(1), 0);
         let mut node = self.node_at(offset, order);
@@ -545,6 +615,11 @@ impl<'a> TBuddy<'a> {
             .sum()
     }
 
+    /// The free-page counter (INV(TB9)): pages in free blocks less open reservations.
+    pub fn free_pages(&self) -> u64 {
+        self.header.free_pages.0.load_relaxed()
+    }
+
     /// Pages the tree manages (set by `init_finish`).
     pub fn usable_pages(&self) -> u64 {
         self.header.usable_pages.load_acquire()
@@ -607,6 +682,14 @@ impl<'a> TBuddy<'a> {
                 "TB4: order {order}: C differs from its nodes"
             );
         }
+        let free: u64 = (0..=self.max_order)
+            .map(|o| (available[o as usize] as u64) << o)
+            .sum();
+        assert_eq!(
+            self.free_pages(),
+            free,
+            "TB9: the free-page counter differs from the Available blocks"
+        );
         self.index.assert_consistent(nodes, |n| {
             n != 0 && self.word(Node(n)).load_relaxed() & STATE_MASK == AVAILABLE
         });
