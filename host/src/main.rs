@@ -53,7 +53,7 @@ struct Cli {
     command: Option<Command>,
 }
 
-#[derive(Subcommand, Debug, Clone, Copy)]
+#[derive(Subcommand, Debug, Clone)]
 enum Command {
     /// Run the verified workloads (the default).
     Stress,
@@ -63,7 +63,14 @@ enum Command {
     Info,
     /// One malloc and one free kernel per size and thread count (2^8 up to --threads), each
     /// with a time limit: where does the allocator stop scaling?
-    Scan,
+    Scan {
+        /// Sizes to scan, in bytes (default: 16, 256, 2048, 4096, 65536 and 1 MiB).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<u32>,
+        /// Skip the out-of-memory round trip that opens the scan.
+        #[arg(long)]
+        no_exhaust: bool,
+    },
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -102,13 +109,13 @@ fn watchdog(seconds: u64) {
 
 /// Ok(true) when everything verified.
 fn run(cli: &Cli) -> toga::Result<bool> {
-    let command = cli.command.unwrap_or(Command::Stress);
+    let command = cli.command.clone().unwrap_or(Command::Stress);
     // Sizes that can never work are refused before touching the GPU.
     if let Some(bytes) = cli.heap_size {
         toga::heap::check_heap_size(bytes)?;
     }
     // Only the bench needs CUDA's own malloc heap, which must be sized before the module loads.
-    let options = match command {
+    let options = match &command {
         Command::Bench => bench::gpu_options(cli.threads),
         _ => toga::GpuOptions::default(),
     };
@@ -121,7 +128,7 @@ fn run(cli: &Cli) -> toga::Result<bool> {
         Command::Info => info(&gpu, heap_size).map(|_| true),
         Command::Stress => workloads::stress(&gpu, heap_size, cli),
         Command::Bench => bench::run(&gpu, cli),
-        Command::Scan => scan::run(&gpu, heap_size, cli),
+        Command::Scan { sizes, no_exhaust } => scan::run(&gpu, heap_size, cli, &sizes, !no_exhaust),
     }
 }
 

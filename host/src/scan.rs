@@ -33,19 +33,40 @@ fn finish(
     Ok(Some(start.elapsed_ms(&end)?))
 }
 
-/// While a kernel is stuck: copy the heap header on a second stream (copies run beside a
-/// kernel) and print each buddy order's semaphore, `C/E/R` (available, promised, reserved).
-fn print_semaphores(gpu: &Gpu, heap: &Heap) -> toga::Result<()> {
+/// While a kernel is stuck: copy the heap header on a non-blocking stream into pinned memory
+/// (copies run beside a kernel) and print each buddy order's semaphore, `C/E/R` (available,
+/// promised, reserved), and the free-page counter.
+fn print_semaphores(heap: &Heap) -> toga::Result<()> {
     use toga_kernels::heap::HeapHeader;
-    let side = gpu.new_stream()?;
-    let mut bytes = vec![0u8; std::mem::size_of::<HeapHeader>()];
-    // SAFETY: the header lies at the heap's base; `bytes` holds exactly one.
-    unsafe {
-        cudarc::driver::result::memcpy_dtoh_async(&mut bytes[..], heap.base(), side.cu_stream())?;
-    }
-    side.synchronize()?;
-    // SAFETY: HeapHeader is plain words (atomics of integers); any bit pattern is valid.
-    let header: HeapHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    use toga_kernels::ualloc::Arena;
+    let g = *heap.geometry();
+    let arena_bytes = std::mem::size_of::<Arena>();
+    let bytes = (g.arenas_offset as usize + g.arenas as usize * arena_bytes)
+        .max(std::mem::size_of::<HeapHeader>());
+    let check = |r: sys::CUresult| r.result().map_err(toga::Error::from);
+    let mut side: sys::CUstream = std::ptr::null_mut();
+    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: plain driver calls on the current context; `host` holds `bytes` bytes, and the
+    // header lies at the heap's base.
+    let header: HeapHeader = unsafe {
+        check(sys::cuStreamCreate(
+            &mut side,
+            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+        ))?;
+        check(sys::cuMemAllocHost_v2(&mut host, bytes))?;
+        check(sys::cuMemcpyDtoHAsync_v2(host, heap.base(), bytes, side))?;
+        check(sys::cuStreamSynchronize(side))?;
+        // HeapHeader is plain words (atomics of integers): any bit pattern is valid.
+        let header = std::ptr::read_unaligned(host as *const HeapHeader);
+        let raw = std::slice::from_raw_parts(host as *const u8, bytes).to_vec();
+        check(sys::cuMemFreeHost(host))?;
+        print_arenas(
+            &raw[g.arenas_offset as usize..],
+            g.arenas as usize,
+            arena_bytes,
+        );
+        header
+    };
     let orders = header.geometry.max_order as u32;
     let line: Vec<String> = (0..=orders)
         .map(|o| {
@@ -54,12 +75,103 @@ fn print_semaphores(gpu: &Gpu, heap: &Heap) -> toga::Result<()> {
         })
         .collect();
     println!("  buddy semaphores (order:C/E/R): {}", line.join(" "));
+    println!("  free pages: {}", header.buddy.free_pages());
     Ok(())
+}
+
+/// The arenas' words that say who waits for what (see `ualloc/arena.rs`: every field on its own
+/// 128-byte line: 4 lines of SRCU, then per class a semaphore line and a list line, then per
+/// kind a semaphore line and a chunk-list line). Prints arenas with promises, reservations or
+/// held locks.
+fn print_arenas(raw: &[u8], arenas: usize, arena_bytes: usize) {
+    use toga_kernels::bulk_semaphore::{C_SHIFT, E_SHIFT, MAX_EXPECTED, MAX_RESERVED};
+    let word = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap());
+    let word32 = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap());
+    let sem = |at: usize| {
+        let w = word(at);
+        (
+            (w as i64) >> C_SHIFT,
+            (w >> E_SHIFT) & MAX_EXPECTED as u64,
+            w & MAX_RESERVED as u64,
+        )
+    };
+    const LINE: usize = 128;
+    let classes = toga_kernels::size_class::NUM_CLASSES;
+    for a in 0..arenas {
+        let base = a * arena_bytes;
+        let rcu: Vec<u32> = (0..4).map(|l| word32(base + l * LINE)).collect();
+        let mut parts = Vec::new();
+        for c in 0..classes {
+            let line = base + (4 + 2 * c) * LINE;
+            let (sc, se, sr) = sem(line);
+            let lock = word32(line + LINE + 8);
+            if se != 0 || sr != 0 || lock != 0 {
+                parts.push(format!("class{c} slots {sc}/{se}/{sr} lock {lock}"));
+            }
+        }
+        for k in 0..2 {
+            let line = base + (4 + 2 * classes + 2 * k) * LINE;
+            let (bc, be, br) = sem(line);
+            let count = word32(line + LINE + 16);
+            let lock = word32(line + LINE + 20);
+            if be != 0 || br != 0 || lock != 0 {
+                parts.push(format!(
+                    "kind{k} bins {bc}/{be}/{br} chunks {count} lock {lock}"
+                ));
+            }
+        }
+        if !parts.is_empty() {
+            println!("  arena {a}: rcu {rcu:?} {}", parts.join("; "));
+        }
+    }
+}
+
+/// Out of memory and back, twice: `2k` one-page requests on a heap of `k` pages; exactly `k`
+/// must succeed. `Ok(false)` if a kernel did not finish.
+fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<bool> {
+    let capacity = 64u64 << 20;
+    let k = capacity / 4096;
+    let heap = Heap::new(gpu, stream, capacity)?;
+    let mut ptrs = stream.alloc_zeros::<u64>(2 * k as usize)?;
+    for round in 0..2 {
+        stream.synchronize()?;
+        let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        w.malloc(stream, &heap, &mut ptrs, 4096)?;
+        let Some(malloc_ms) = finish(stream, &start)? else {
+            println!("  exhaustion round {round}: malloc kernel did not finish");
+            print_semaphores(&heap)?;
+            return Ok(false);
+        };
+        let got = stream
+            .clone_dtoh(&ptrs)?
+            .iter()
+            .filter(|&&p| p != 0)
+            .count();
+        let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        w.free(stream, &heap, &ptrs)?;
+        let Some(free_ms) = finish(stream, &start)? else {
+            println!("  exhaustion round {round}: free kernel did not finish");
+            print_semaphores(&heap)?;
+            return Ok(false);
+        };
+        println!(
+            "  exhaustion round {round}: {} x 4096 B on {k} pages: {got} succeeded (want {k}); malloc {malloc_ms:.3} ms, free {free_ms:.3} ms",
+            2 * k
+        );
+    }
+    Ok(true)
 }
 
 /// Print the scan; `Ok(false)` at the first kernel that does not finish (the process must end
 /// then: the GPU is still running it).
-pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
+pub fn run(
+    gpu: &Gpu,
+    heap_size: u64,
+    cli: &Cli,
+    sizes: &[u32],
+    exhaustion: bool,
+) -> toga::Result<bool> {
+    let sizes = if sizes.is_empty() { &SIZES[..] } else { sizes };
     let stream = gpu.default_stream();
     let w = Workloads::new(gpu)?;
     println!(
@@ -72,8 +184,11 @@ pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
         "{:>8} {:>9} {:>12} {:>12} {:>9} {:>12}",
         "size", "threads", "malloc ms", "free ms", "failed", "reserved MiB"
     );
+    if exhaustion && !exhaust(gpu, &w, &stream)? {
+        return Ok(false);
+    }
     let max_log = 63 - cli.threads.leading_zeros();
-    for size in SIZES {
+    for &size in sizes {
         for log in (8..=max_log).step_by(2) {
             let n = 1u64 << log;
             let heap = Heap::new(gpu, &stream, heap_size)?;
@@ -86,7 +201,7 @@ pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
                     "{size:>8} {n:>9}  malloc kernel did not finish within {} s",
                     KERNEL_LIMIT.as_secs()
                 );
-                print_semaphores(gpu, &heap)?;
+                print_semaphores(&heap)?;
                 return Ok(false);
             };
             let failed = stream
@@ -102,7 +217,7 @@ pub fn run(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
                     "{size:>8} {n:>9} {malloc_ms:>12.4}  free kernel did not finish within {} s",
                     KERNEL_LIMIT.as_secs()
                 );
-                print_semaphores(gpu, &heap)?;
+                print_semaphores(&heap)?;
                 return Ok(false);
             };
             println!(

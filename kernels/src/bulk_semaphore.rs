@@ -101,6 +101,11 @@ const _: () = assert!(R_MASK & E_MASK == 0);
 // n); C's negative half must hold them next to a full C without wrapping.
 const _: () = assert!(MAX_AVAILABLE as u64 >= 2 * MAX_RESERVED as u64);
 
+/// Pause per reserved waiter between two polls of a spinning waiter (see `spin_reserved`).
+pub const SPIN_NS_PER_WAITER: u32 = 8;
+/// The longest pause between two polls of a spinning waiter.
+pub const SPIN_MAX_NS: u32 = 100_000;
+
 /// What [`BulkSemaphore::wait`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
@@ -250,6 +255,10 @@ impl BulkSemaphore {
         let need = n as i64;
         let mut backoff = Backoff::new();
         loop {
+            // Every waiter polls this one word. Thousands of them polling at the plain back-off
+            // rate would keep its cache line busy with loads and slow down the very adds that
+            // bring the units; so the pause grows with the number of waiters (R), which keeps
+            // the polls on the word to about one per `SPIN_NS_PER_WAITER`.
             let word = self.word.load_relaxed();
             let s = Counters::unpack(word);
             if s.c >= need {
@@ -269,7 +278,9 @@ impl BulkSemaphore {
                     return Wait::MustRefill;
                 }
             }
-            backoff.snooze();
+            let crowd = (s.r as u32).saturating_mul(SPIN_NS_PER_WAITER);
+            platform::nanosleep(crowd.clamp(backoff.current_ns(), SPIN_MAX_NS));
+            backoff.grow();
         }
     }
 

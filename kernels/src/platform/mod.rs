@@ -78,6 +78,18 @@ impl Backoff {
     #[inline]
     pub fn snooze(&mut self) {
         nanosleep(self.ns);
+        self.grow();
+    }
+
+    /// The next sleep's length.
+    #[inline]
+    pub fn current_ns(&self) -> u32 {
+        self.ns
+    }
+
+    /// Lengthen the next sleep (for callers that sleep on their own terms).
+    #[inline]
+    pub fn grow(&mut self) {
         self.ns = (self.ns * 2).min(BACKOFF_MAX_NS);
     }
 }

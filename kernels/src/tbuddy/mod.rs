@@ -148,6 +148,12 @@ impl TBuddyHeader {
     pub fn semaphore(&self, order: u32) -> &BulkSemaphore {
         &self.sems[order as usize].0
     }
+
+    /// The free-page counter (INV(TB9)), as a signed snapshot: it dips below zero while
+    /// reservations that failed are being given back.
+    pub fn free_pages(&self) -> i64 {
+        self.free_pages.0.load_relaxed() as i64
+    }
 }
 
 impl Default for TBuddyHeader {
@@ -617,7 +623,7 @@ impl<'a> TBuddy<'a> {
 
     /// The free-page counter (INV(TB9)): pages in free blocks less open reservations.
     pub fn free_pages(&self) -> u64 {
-        self.header.free_pages.0.load_relaxed()
+        self.header.free_pages().max(0) as u64
     }
 
     /// Pages the tree manages (set by `init_finish`).
