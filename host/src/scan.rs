@@ -33,50 +33,119 @@ fn finish(
     Ok(Some(start.elapsed_ms(&end)?))
 }
 
-/// While a kernel is stuck: copy the heap header on a non-blocking stream into pinned memory
-/// (copies run beside a kernel) and print each buddy order's semaphore, `C/E/R` (available,
-/// promised, reserved), and the free-page counter.
-fn print_semaphores(heap: &Heap) -> toga::Result<()> {
-    use toga_kernels::heap::HeapHeader;
-    use toga_kernels::ualloc::Arena;
-    let g = *heap.geometry();
-    let arena_bytes = std::mem::size_of::<Arena>();
-    let bytes = (g.arenas_offset as usize + g.arenas as usize * arena_bytes)
-        .max(std::mem::size_of::<HeapHeader>());
-    let check = |r: sys::CUresult| r.result().map_err(toga::Error::from);
-    let mut side: sys::CUstream = std::ptr::null_mut();
-    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: plain driver calls on the current context; `host` holds `bytes` bytes, and the
-    // header lies at the heap's base.
-    let header: HeapHeader = unsafe {
-        check(sys::cuStreamCreate(
-            &mut side,
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-        ))?;
-        check(sys::cuMemAllocHost_v2(&mut host, bytes))?;
-        check(sys::cuMemcpyDtoHAsync_v2(host, heap.base(), bytes, side))?;
-        check(sys::cuStreamSynchronize(side))?;
-        // HeapHeader is plain words (atomics of integers): any bit pattern is valid.
-        let header = std::ptr::read_unaligned(host as *const HeapHeader);
-        let raw = std::slice::from_raw_parts(host as *const u8, bytes).to_vec();
-        check(sys::cuMemFreeHost(host))?;
+/// What a stuck kernel leaves to look at: a non-blocking stream and pinned memory, made
+/// before the kernel starts (allocating pinned memory may wait for the device).
+struct Probe {
+    side: sys::CUstream,
+    host: *mut u8,
+    bytes: usize,
+}
+
+impl Probe {
+    fn new(heap: &Heap) -> toga::Result<Self> {
+        use toga_kernels::heap::HeapHeader;
+        let g = heap.geometry();
+        let arena_bytes = std::mem::size_of::<toga_kernels::ualloc::Arena>();
+        let bytes = (g.arenas_offset as usize + g.arenas as usize * arena_bytes)
+            .max(std::mem::size_of::<HeapHeader>());
+        let mut side: sys::CUstream = std::ptr::null_mut();
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: plain driver calls on the current context.
+        unsafe {
+            check(sys::cuStreamCreate(
+                &mut side,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            ))?;
+            check(sys::cuMemAllocHost_v2(&mut host, bytes))?;
+        }
+        Ok(Self {
+            side,
+            host: host.cast(),
+            bytes,
+        })
+    }
+
+    /// Copy the heap's header and arenas beside the stuck kernel and print each buddy order's
+    /// semaphore `C/E/R` (available, promised, reserved), the free-page counter, and the
+    /// arenas with waiters or held locks; plus how many threads wrote their result to `ptrs`.
+    /// The memory is left to the process's end (freeing pinned memory may wait for the
+    /// device).
+    fn print(&self, heap: &Heap, ptrs: &cudarc::driver::CudaSlice<u64>) -> toga::Result<()> {
+        use cudarc::driver::DevicePtr;
+        use toga_kernels::heap::HeapHeader;
+        let n = ptrs.len();
+        let mut results = vec![0u64; n];
+        let (ptrs_dev, _guard) = ptrs.device_ptr(ptrs.stream());
+        // SAFETY: `host` holds `bytes` bytes and the heap's header and arenas lie at its base;
+        // `results` holds `n` words, as does `ptrs`.
+        unsafe {
+            check(sys::cuMemcpyDtoHAsync_v2(
+                self.host.cast(),
+                heap.base(),
+                self.bytes,
+                self.side,
+            ))?;
+            check(sys::cuMemcpyDtoHAsync_v2(
+                results.as_mut_ptr().cast(),
+                ptrs_dev,
+                n * 8,
+                self.side,
+            ))?;
+        }
+        let t0 = Instant::now();
+        // SAFETY: a query of our own stream.
+        while unsafe { sys::cuStreamQuery(self.side) } != sys::CUresult::CUDA_SUCCESS {
+            if t0.elapsed() > Duration::from_secs(5) {
+                println!("  (the copy beside the stuck kernel did not finish either)");
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: the copy finished; HeapHeader is plain integer words, any bit pattern is valid.
+        let raw = unsafe { std::slice::from_raw_parts(self.host, self.bytes) };
+        let header: HeapHeader = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+        let g = heap.geometry();
+        let orders = g.max_order as u32;
+        let line: Vec<String> = (0..=orders)
+            .map(|o| {
+                let (c, e, r) = header.buddy.semaphore(o).counters();
+                format!("{o}:{c}/{e}/{r}")
+            })
+            .collect();
+        println!("  buddy semaphores (order:C/E/R): {}", line.join(" "));
+        println!(
+            "  free pages: {}; threads done: {} non-null of {n} (results still 0 include unfinished threads)",
+            header.buddy.free_pages(),
+            results.iter().filter(|&&p| p != 0).count()
+        );
         print_arenas(
             &raw[g.arenas_offset as usize..],
             g.arenas as usize,
-            arena_bytes,
+            std::mem::size_of::<toga_kernels::ualloc::Arena>(),
         );
-        header
-    };
-    let orders = header.geometry.max_order as u32;
-    let line: Vec<String> = (0..=orders)
-        .map(|o| {
-            let (c, e, r) = header.buddy.semaphore(o).counters();
-            format!("{o}:{c}/{e}/{r}")
-        })
-        .collect();
-    println!("  buddy semaphores (order:C/E/R): {}", line.join(" "));
-    println!("  free pages: {}", header.buddy.free_pages());
-    Ok(())
+        Ok(())
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        // SAFETY: made in `new`; only dropped when no kernel is stuck (see `print`'s callers).
+        unsafe {
+            sys::cuMemFreeHost(self.host.cast());
+            sys::cuStreamDestroy_v2(self.side);
+        }
+    }
+}
+
+/// A kernel is stuck: end the process now. Dropping the heap or the context would wait for the
+/// kernel forever.
+fn stuck() -> ! {
+    println!("scan: a kernel is stuck; exiting without waiting for it");
+    std::process::exit(3)
+}
+
+fn check(r: sys::CUresult) -> toga::Result<()> {
+    r.result().map_err(toga::Error::from)
 }
 
 /// The arenas' words that say who waits for what (see `ualloc/arena.rs`: every field on its own
@@ -133,14 +202,15 @@ fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<b
     let k = capacity / 4096;
     let heap = Heap::new(gpu, stream, capacity)?;
     let mut ptrs = stream.alloc_zeros::<u64>(2 * k as usize)?;
+    let probe = Probe::new(&heap)?;
     for round in 0..2 {
         stream.synchronize()?;
         let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
         w.malloc(stream, &heap, &mut ptrs, 4096)?;
         let Some(malloc_ms) = finish(stream, &start)? else {
             println!("  exhaustion round {round}: malloc kernel did not finish");
-            print_semaphores(&heap)?;
-            return Ok(false);
+            probe.print(&heap, &ptrs)?;
+            stuck();
         };
         let got = stream
             .clone_dtoh(&ptrs)?
@@ -151,8 +221,8 @@ fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<b
         w.free(stream, &heap, &ptrs)?;
         let Some(free_ms) = finish(stream, &start)? else {
             println!("  exhaustion round {round}: free kernel did not finish");
-            print_semaphores(&heap)?;
-            return Ok(false);
+            probe.print(&heap, &ptrs)?;
+            stuck();
         };
         println!(
             "  exhaustion round {round}: {} x 4096 B on {k} pages: {got} succeeded (want {k}); malloc {malloc_ms:.3} ms, free {free_ms:.3} ms",
@@ -193,6 +263,7 @@ pub fn run(
             let n = 1u64 << log;
             let heap = Heap::new(gpu, &stream, heap_size)?;
             let mut ptrs = stream.alloc_zeros::<u64>(n as usize)?;
+            let probe = Probe::new(&heap)?;
             stream.synchronize()?;
             let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             w.malloc(&stream, &heap, &mut ptrs, size)?;
@@ -201,7 +272,8 @@ pub fn run(
                     "{size:>8} {n:>9}  malloc kernel did not finish within {} s",
                     KERNEL_LIMIT.as_secs()
                 );
-                print_semaphores(&heap)?;
+                probe.print(&heap, &ptrs)?;
+                std::mem::forget(probe);
                 return Ok(false);
             };
             let failed = stream
@@ -217,7 +289,8 @@ pub fn run(
                     "{size:>8} {n:>9} {malloc_ms:>12.4}  free kernel did not finish within {} s",
                     KERNEL_LIMIT.as_secs()
                 );
-                print_semaphores(&heap)?;
+                probe.print(&heap, &ptrs)?;
+                std::mem::forget(probe);
                 return Ok(false);
             };
             println!(

@@ -14,9 +14,14 @@
 //! - INV(TB6) (quiescent): layer-0 bit n is set iff node n is Available, and a bit of an upper
 //!   layer is set iff the word below it is non-zero.
 //! - At all times the summaries are never stale-negative for long: [`AvailIndex::clear`] clears
-//!   a summary bit only after the word below became empty, then re-reads that word and sets the
-//!   bit again if a concurrent [`AvailIndex::set`] refilled it. All updates are acq_rel RMWs, so
-//!   of a clear and a set that race on one summary bit, the later one sees the other's word.
+//!   a summary bit only after the word below became empty, then re-reads, bottom-up, every word
+//!   whose summary it cleared and sets the bit again where a concurrent [`AvailIndex::set`]
+//!   refilled it (a setter stops climbing at the first word that was not empty, which may be
+//!   one whose summary the clear removes after). All updates are acq_rel RMWs, so of a clear
+//!   and a set that race on one summary bit, the later one sees the other's word.
+//!   `tests/loom_index.rs` models the race; an earlier version that stopped re-checking at
+//!   the first refilled word lost a top-level summary there, and on the GPU that hid free
+//!   blocks from every search.
 
 use crate::platform::Atomic32;
 
@@ -134,15 +139,20 @@ impl<'a> AvailIndex<'a> {
             pos = w;
         }
         // Phase 2: every word this call emptied below `layer` had its summary bit cleared; a
-        // racing `set` may have refilled it meanwhile. Re-check bottom-up; the first refilled
-        // word gets its summaries back (and `set_from` climbs as far as needed).
+        // racing `set` may have refilled it meanwhile, and that setter may have stopped
+        // climbing at a word that was not empty yet (whose summary we cleared after). So
+        // re-check every layer we emptied, bottom-up, and put back each summary bit whose
+        // word is non-empty; a bit put back makes the word above non-empty for the next
+        // check. A bit put back for a word that empties again is a stale positive: harmless,
+        // `find` then comes back empty-handed and the caller looks again.
         let mut pos = n;
         for below in 0..layer {
             let w = pos >> FANOUT_SHIFT;
             // Acquire: pairs with the release half of the refilling `fetch_or`.
             if self.word(below, w).load_acquire() != 0 {
-                self.set_from(below + 1, w);
-                return;
+                let (up, bit) = word_bit(w);
+                // Acq_rel, like every update of the index.
+                self.word(below + 1, up).fetch_or_acq_rel(bit);
             }
             pos = w;
         }

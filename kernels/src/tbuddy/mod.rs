@@ -66,7 +66,7 @@
 //!   back in the tree. So the counter never promises pages that do not exist, and with K free
 //!   pages at most K one-page requests get past it.
 
-mod index;
+pub mod index;
 
 use core::ops::Range;
 
