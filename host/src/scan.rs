@@ -47,7 +47,8 @@ impl Probe {
         let g = heap.geometry();
         let arena_bytes = std::mem::size_of::<toga_kernels::ualloc::Arena>();
         let bytes = (g.arenas_offset as usize + g.arenas as usize * arena_bytes)
-            .max(std::mem::size_of::<HeapHeader>());
+            .max(std::mem::size_of::<HeapHeader>())
+            .max((g.nodes_offset + 4 * g.node_words) as usize);
         let mut side: sys::CUstream = std::ptr::null_mut();
         let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: plain driver calls on the current context.
@@ -113,6 +114,19 @@ impl Probe {
             })
             .collect();
         println!("  buddy semaphores (order:C/E/R): {}", line.join(" "));
+        // SAFETY: the copy holds the node words at `nodes_offset` (see `new`); host atomics
+        // have the layout of the integers.
+        let nodes = unsafe {
+            std::slice::from_raw_parts(
+                raw.as_ptr().add(g.nodes_offset as usize)
+                    as *const toga_kernels::platform::Atomic32,
+                g.node_words as usize,
+            )
+        };
+        println!(
+            "  buddy nodes (order:Available/index bits/locked): {}",
+            toga_kernels::tbuddy::TBuddy::new(&header.buddy, nodes).census()
+        );
         println!(
             "  free pages: {}; threads done: {} non-null of {n} (results still 0 include unfinished threads)",
             header.buddy.free_pages(),

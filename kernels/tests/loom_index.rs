@@ -48,3 +48,35 @@ fn clear_racing_sets_keeps_summaries() {
         assert_eq!(word(66), 0b1, "TB6: the top summary");
     });
 }
+
+/// The clear's re-check puts back a summary bit over a word that a second clear has emptied
+/// the summary of, one layer up, in the meantime: the re-check must climb like a `set`.
+#[test]
+fn clear_refill_and_a_second_clear_keep_summaries() {
+    loom::model(|| {
+        let words: Arc<Vec<Atomic32>> = Arc::new(
+            (0..layer_words(INDEX_BITS).1)
+                .map(|_| Atomic32::new(0))
+                .collect(),
+        );
+        {
+            let index = AvailIndex::new(&words, INDEX_BITS);
+            index.set(1);
+            index.set(33);
+        }
+        let spawn = |f: fn(AvailIndex<'_>)| {
+            let words = words.clone();
+            thread::spawn(move || f(AvailIndex::new(&words, INDEX_BITS)))
+        };
+        let clear = spawn(|index| index.clear(1));
+        let refill = spawn(|index| index.set(2));
+        let other = spawn(|index| index.clear(33));
+        for t in [clear, refill, other] {
+            t.join().unwrap();
+        }
+        let word = |i: usize| words[i].load_relaxed();
+        assert_eq!((word(0), word(1)), (1 << 2, 0), "layer 0");
+        assert_eq!((word(64), word(65)), (0b1, 0), "TB6: layer-1 summaries");
+        assert_eq!(word(66), 0b1, "TB6: the top summary");
+    });
+}

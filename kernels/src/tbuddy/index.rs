@@ -141,18 +141,17 @@ impl<'a> AvailIndex<'a> {
         // Phase 2: every word this call emptied below `layer` had its summary bit cleared; a
         // racing `set` may have refilled it meanwhile, and that setter may have stopped
         // climbing at a word that was not empty yet (whose summary we cleared after). So
-        // re-check every layer we emptied, bottom-up, and put back each summary bit whose
-        // word is non-empty; a bit put back makes the word above non-empty for the next
-        // check. A bit put back for a word that empties again is a stale positive: harmless,
-        // `find` then comes back empty-handed and the caller looks again.
+        // re-check every layer we emptied, bottom-up, and give each refilled word its summary
+        // back the way `set` does: climbing while the words above were empty, since another
+        // clear may have emptied those in the meantime. A bit put back over a word that
+        // empties again is a stale positive: harmless, `find` then comes back empty-handed and
+        // the caller looks again.
         let mut pos = n;
         for below in 0..layer {
             let w = pos >> FANOUT_SHIFT;
             // Acquire: pairs with the release half of the refilling `fetch_or`.
             if self.word(below, w).load_acquire() != 0 {
-                let (up, bit) = word_bit(w);
-                // Acq_rel, like every update of the index.
-                self.word(below + 1, up).fetch_or_acq_rel(bit);
+                self.set_from(below + 1, w);
             }
             pos = w;
         }
@@ -216,6 +215,30 @@ impl<'a> AvailIndex<'a> {
     /// Write index word `i` (counted across all layers); init only.
     pub fn store_word(&self, i: usize, value: u32) {
         self.words[i].store_relaxed(value);
+    }
+
+    /// Host diagnosis of a snapshot (maybe not quiescent): the number of set layer-0 bits in
+    /// `nodes`, and of stale-negative summaries (a non-empty word whose summary bit is clear).
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn census(&self, nodes: core::ops::Range<u32>) -> (u32, u32) {
+        let set = nodes
+            .filter(|&n| {
+                let (w, bit) = word_bit(n);
+                self.word(0, w).load_relaxed() & bit != 0
+            })
+            .count() as u32;
+        let mut stale = 0;
+        for layer in 1..=self.top {
+            let below = self.offset[layer as usize] - self.offset[layer as usize - 1];
+            for pos in 0..below {
+                let (w, bit) = word_bit(pos);
+                let summary = self.word(layer, w).load_relaxed() & bit != 0;
+                if !summary && self.word(layer - 1, pos).load_relaxed() != 0 {
+                    stale += 1;
+                }
+            }
+        }
+        (set, stale)
     }
 
     /// Host check of INV(TB6) against `is_available(node)`, at quiescence.

@@ -631,6 +631,33 @@ impl<'a> TBuddy<'a> {
         self.header.usable_pages.load_acquire()
     }
 
+    /// Host diagnosis of a snapshot taken while the tree is in use (a stuck kernel's heap):
+    /// per order with anything in it, `order: Available nodes / index bits / locked parents`,
+    /// then the count of stale-negative index summaries.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn census(&self) -> std::string::String {
+        use std::fmt::Write;
+        let mut out = std::string::String::new();
+        for order in 0..=self.max_order {
+            let nodes = self.first_of(order)..2 * self.first_of(order);
+            let available = nodes
+                .clone()
+                .filter(|&n| self.word(Node(n)).load_relaxed() & STATE_MASK == AVAILABLE)
+                .count();
+            let locked = nodes
+                .clone()
+                .filter(|&n| self.word(Node(n)).load_relaxed() & LOCKED != 0)
+                .count();
+            let (bits, _) = self.index.census(nodes);
+            if available + locked + bits as usize > 0 {
+                let _ = write!(out, "{order}:{available}/{bits}/{locked} ");
+            }
+        }
+        let (_, stale) = self.index.census(0..0);
+        let _ = write!(out, "; stale summaries {stale}");
+        out
+    }
+
     /// Walk the whole tree and check TB1–TB7 (host only; call it at quiescence).
     #[cfg(not(target_arch = "nvptx64"))]
     pub fn assert_valid(&self) {
