@@ -27,6 +27,9 @@ pub enum Error {
         limit: u64,
         why: &'static str,
     },
+    /// The PTX file named by `TOGA_PTX_FILE` could not be read.
+    #[error("TOGA_PTX_FILE: {0}")]
+    PtxFile(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] DriverError),

@@ -49,7 +49,7 @@ pub fn device_count() -> Result<usize> {
 impl Gpu {
     /// Open device `ordinal` and load toga's kernels.
     pub fn open(ordinal: usize) -> Result<Self> {
-        Self::open_with(ordinal, crate::KERNELS_PTX, &GpuOptions::default())
+        Self::open_with(ordinal, &crate::kernels_ptx()?, &GpuOptions::default())
     }
 
     /// Open device `ordinal` and load `ptx` (for example a user kernel crate built with

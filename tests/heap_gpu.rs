@@ -225,7 +225,8 @@ fn two_streams_churn_concurrently_on_one_heap() {
 fn double_and_foreign_frees_are_counted_and_harmless() {
     let gpu = gpu_or_skip!();
     let stream = gpu.default_stream();
-    let heap = Heap::new(&gpu, &stream, 256 << 20).unwrap();
+    // 2^15 blocks of 8 KiB fill 256 MiB; the 48 B blocks need chunks of their own.
+    let heap = Heap::new(&gpu, &stream, 512 << 20).unwrap();
     let w = Workloads::new(&gpu).unwrap();
     let n = 1 << 16;
     let sizes: Vec<u32> = (0..n).map(|i| if i % 2 == 0 { 48 } else { 8192 }).collect();

@@ -24,7 +24,7 @@ pub fn gpu(threads: u64, largest: u32) -> Option<Gpu> {
     let options = GpuOptions {
         cuda_malloc_heap: Some((threads * largest as u64 * 3 / 2) as usize),
     };
-    match Gpu::open_with(0, toga::KERNELS_PTX, &options) {
+    match Gpu::open_with(0, &toga::kernels_ptx().expect("TOGA_PTX_FILE"), &options) {
         Ok(g) => Some(g),
         Err(e) => {
             eprintln!("skipped: no CUDA device ({e})");

@@ -119,7 +119,7 @@ fn run(cli: &Cli) -> toga::Result<bool> {
         Command::Bench => bench::gpu_options(cli.threads),
         _ => toga::GpuOptions::default(),
     };
-    let gpu = Gpu::open_with(cli.device, toga::KERNELS_PTX, &options)?;
+    let gpu = Gpu::open_with(cli.device, &toga::kernels_ptx()?, &options)?;
     let heap_size = match cli.heap_size {
         Some(s) => s,
         None => DEFAULT_HEAP_MAX.min(gpu.free_memory()? / 4),

@@ -5,60 +5,74 @@
 //! Three counters live in one 64-bit word (INV(SEM1)):
 //!
 //! ```text
-//!  63                  38 37               19 18                0
-//! ┌──────────────────────┬───────────────────┬──────────────────┐
-//! │ C: available (26 b,  │ E: expected (19 b)│ R: reserved (19 b)│
-//! │    two's complement) │ promised refills  │ spinning waiters  │
-//! └──────────────────────┴───────────────────┴──────────────────┘
+//!  63               40 39                19 18                0
+//! ┌───────────────────┬────────────────────┬───────────────────┐
+//! │ C: available (24 b,│ E: expected (21 b) │ R: reserved (19 b) │
+//! │  two's complement) │ promised refills   │ spinning waiters   │
+//! └───────────────────┴────────────────────┴───────────────────┘
 //!  fast path: fetch_add(-(n << C_SHIFT))  — a borrow out of bit 63 is simply lost
 //! ```
 //!
 //! All-zero is a valid empty semaphore (`new(0)`), so zeroed device memory needs no init.
 //!
-//! # `wait(n, batch)`
-//! 1. Fast path: subtract `n` from C with one add. If the old C was `>= n` the units are ours.
-//!    Otherwise add `n` back (INV(SEM3)) and take the slow path.
-//! 2. Slow path (CAS on the word, decisions on one consistent snapshot, C read as `max(C, 0)`,
-//!    back-off after every failed CAS):
-//!    - `C + E - R < n`: demand exceeds supply plus promised refills: `E += batch - n`, return
-//!      [`Wait::MustRefill`]. The caller creates `batch` units, keeps `n`, and then calls
-//!      `signal(batch - n, batch - n)`, or `retract(batch - n)` if it could not (INV(SEM4)).
-//!    - else if `C >= n`: `C -= n`, [`Wait::Acquired`].
-//!    - else `R += n` and spin (with back-off) while `C < n && R <= C + E`. The reservation is
-//!      never dropped to decide again: the waiter leaves either with units (`C -= n, R -= n`
-//!      in one add) or as a refiller (`R -= n, E += batch - n` in one CAS), so a refill that
-//!      lands, or one that is retracted, moves one waiter and not the whole crowd
-//!      (INV(SEM5), INV(SEM6)).
+//! # Every update is one `fetch_add`
+//! Under contention a CAS loop on one word costs thousands of times an add (PERFORMANCE.md;
+//! on the GPU an earlier CAS-based slow path failed about 5,500 CAS per TBuddy allocation at
+//! 2^16 threads). So no operation here is a CAS: each one adds to the word, reads the exact
+//! state its add replaced, and, where that state shows the add was wrong, undoes it with a
+//! second add. Decisions are therefore made on exact snapshots, one per add.
 //!
-//! The paper prints "C ≥ I" for the second test (a typo for N) and spins while `R < C + E`;
-//! with the waiter's own reservation counted in R that stops a waiter whose reservation is
-//! exactly covered, and it would reserve again at once without any state change (a livelock),
-//! so we spin while `R <= C + E`.
+//! # `wait(n, batch)`
+//! 1. Fast path: subtract `n` from C. If the old C was `>= n` the units are ours. Otherwise
+//!    add `n` back (INV(SEM3)).
+//! 2. Reserve: `R += n`. From here the waiter holds a reservation until ONE add turns it
+//!    into units (`C -= n, R -= n`) or into a refill promise (`R -= n, E += batch - n`):
+//!    - units there (`C >= n`): take them; when the old value shows another waiter was
+//!      first, add them back (INV(SEM3)).
+//!    - reservations uncovered (`R > C + E`, ours counted: demand exceeds supply plus
+//!      promised refills): convert the reservation into a promise. If the state that add
+//!      replaced was still uncovered the promise stands and the caller must refill
+//!      ([`Wait::MustRefill`]): it creates `batch` units, keeps `n`, and calls
+//!      `signal(batch - n, batch - n)`, or `retract(batch - n)` if it could not (INV(SEM4)).
+//!      Otherwise another waiter's promise came first and ours is undone (one more add).
+//!    - otherwise spin (with back-off) and look again.
+//!
+//! This is Gelado & Garland's Algorithm 1 (`C + E - R < n` → refill; `C >= n` → take; else
+//! reserve and spin while `C < n && R <= C + E`) with the order of its steps changed so that
+//! every step is one add: the reservation comes first and the refill decision is taken on the
+//! state with it. The paper prints "C ≥ I" for the second test (a typo for N).
 //!
 //! Out of memory never hangs: a waiter spins only while promised refills cover every
-//! reservation; once refills are retracted (or none is in flight, `E == 0`) the reservations
-//! exceed the supply and one waiter turns its reservation into a refill, which fails and
-//! returns `None` to its caller; that repeats until the waiters left are covered.
+//! reservation; once a refill is retracted (or none is in flight, `E == 0`) the reservations
+//! exceed the supply, every spinning waiter sees it at its next look, and the first
+//! conversion to land becomes a refill, which fails and returns `None` to its caller; that
+//! repeats until the waiters left are covered.
 //!
 //! # Invariants (`docs/invariants.md`)
 //! - SEM1: C, E, R live in one word as drawn; all-zero is the empty semaphore.
 //! - SEM2: `E <= MAX_EXPECTED`, `R <= MAX_RESERVED`, `0 <= C <= MAX_AVAILABLE` (real count).
-//!   `wait` grows E and R only by CAS, which backs off instead of passing the bound (`promise`
-//!   adds to E directly; its caller keeps the bound); they shrink only by amounts the same
-//!   thread added, so no add borrows or carries between fields. C's bound is the pool's duty.
-//! - SEM3: the C field may read below the real count by the deductions of fast paths that
-//!   failed and have not rolled back yet (at most the sum of their n), even below zero.
-//!   Decisions read C as `max(C, 0)` (the real C is never less) and leave those deductions to
-//!   the deducting threads, which take the slow path next and count for themselves. A spinning
-//!   waiter's attempt to take moves C and R together, so it leaves `C - R` unchanged.
+//!   The bounds are physical, not checked on the hot path: R is at most one unit per thread
+//!   resident on the GPU (a group's leader reserves for its lanes), and the GPUs toga runs on
+//!   hold far fewer than 2^19 threads at once (H100/H200: 132 SMs × 2,048 = 270,336). E is the standing promises (at most R + batch, since a promise
+//!   stands only where it covered uncovered reservations, INV(SEM6)) plus conversions being
+//!   undone, at most one per waiter of batch - n each: TBuddy's batch - n is 1, and UAlloc's
+//!   semaphores are per SM (2,048 threads × 511 < 2^21). C's bound is the pool's duty.
+//!   Every field shrinks only by amounts the same thread added, so no add borrows or
+//!   carries between fields.
+//! - SEM3: the C field may read below the real count by the deductions of fast paths and
+//!   takes that failed and have not rolled back yet (at most the sum of their n), even below
+//!   zero. Decisions read C as `max(C, 0)` (the real C is never less); a transient deduction
+//!   can only make a state look uncovered, which costs at most an extra refill.
 //! - SEM4: every [`Wait::MustRefill`] added `batch - n` to E and is answered by exactly one
 //!   `signal(batch - n, batch - n)` or `retract(batch - n)`; so is every `promise(e)` (with
-//!   `e`): E is the sum of open promises.
-//! - SEM5: R is the sum of n over waiters inside the spin loop; a waiter's n leaves R in the
-//!   same atomic operation that gives it units or makes it a refiller.
-//! - SEM6: a waiter spins only while `C < n && R <= C + E`; promises in flight then cover all
-//!   reservations, and every promise ends (signal or retract) without waiting on this
-//!   semaphore (a refiller must not wait on the semaphore it promised to), so every spin ends.
+//!   `e`): E is the sum of open promises (plus conversions about to be undone).
+//! - SEM5: R is the sum of n over waiters holding a reservation; a waiter's n leaves R in the
+//!   same add that gives it units or makes it a refiller.
+//! - SEM6: a waiter spins only while its last look saw `C < n && R <= C + E`; promises in
+//!   flight then cover all reservations, and every promise ends (signal or retract) without
+//!   waiting on this semaphore (a refiller must not wait on the semaphore it promised to), so
+//!   every spin ends. A promise stands only if the add that made it replaced an uncovered
+//!   state.
 //! - SEM7: units are published with release (`signal`, `release`) and taken with acquire
 //!   (`wait`, `try_wait`): what a producer wrote before signalling is visible to the taker.
 //!
@@ -70,22 +84,21 @@ use crate::platform::{self, Atomic64, Backoff};
 
 /// Bit position of R (units reserved by spinning waiters).
 pub const R_SHIFT: u32 = 0;
-/// Width of R.
+/// Width of R: more than the threads resident on any GPU at once (INV(SEM2)).
 pub const R_BITS: u32 = 19;
 /// Bit position of E (units promised by refilling threads).
 pub const E_SHIFT: u32 = R_SHIFT + R_BITS;
-/// Width of E.
-pub const E_BITS: u32 = 19;
+/// Width of E (INV(SEM2)).
+pub const E_BITS: u32 = 21;
 /// Bit position of C (available units): the top of the word, so that a fast-path subtraction
 /// that goes below zero borrows out of bit 63 and disturbs neither E nor R.
 pub const C_SHIFT: u32 = E_SHIFT + E_BITS;
 /// Width of C, sign bit included.
 pub const C_BITS: u32 = 64 - C_SHIFT;
 
-/// Largest R (and so the largest total of reservations). Reaching it makes new waiters back off
-/// instead of reserving (INV(SEM2)).
+/// Largest R (the largest total of reservations, INV(SEM2)).
 pub const MAX_RESERVED: u32 = (1 << R_BITS) - 1;
-/// Largest E. A refill that would pass it backs off until promises settle (INV(SEM2)).
+/// Largest E (INV(SEM2)).
 pub const MAX_EXPECTED: u32 = (1 << E_BITS) - 1;
 /// Largest number of units C may hold. The sign bit keeps the room for transient fast-path
 /// deductions (INV(SEM3)); the pool that uses a semaphore must never hold more than this.
@@ -103,8 +116,10 @@ const _: () = assert!(MAX_AVAILABLE as u64 >= 2 * MAX_RESERVED as u64);
 
 /// Pause per reserved waiter between two polls of a spinning waiter (see `spin_reserved`).
 pub const SPIN_NS_PER_WAITER: u32 = 8;
-/// The longest pause between two polls of a spinning waiter.
-pub const SPIN_MAX_NS: u32 = 100_000;
+/// The longest pause between two polls of a spinning waiter. A refill that lands waits for a
+/// waiter's next poll: 1 µs was several times faster than 100 µs on an H100 at 2^10–2^16
+/// TBuddy allocations, and no slower at 2^18 (docs/benchmarks.md).
+pub const SPIN_MAX_NS: u32 = 1_000;
 
 /// What [`BulkSemaphore::wait`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,100 +202,56 @@ impl BulkSemaphore {
         self.wait_slow(n, batch)
     }
 
-    /// The slow path of `wait`: Algorithm 1 on a CAS loop.
+    /// The slow path of `wait`: reserve, then take or refill (module doc).
     #[cold]
     fn wait_slow(&self, n: u32, batch: u32) -> Wait {
-        let need = n as i64;
-        let mut backoff = Backoff::new();
-        let mut word = self.word.load_relaxed();
-        loop {
-            let s = Counters::unpack(word);
-            // INV(SEM3): C may read below the real count (never below 0) by the deductions of
-            // fast paths that failed and have not rolled back yet; the real C is at least
-            // `max(C, 0)`, and the deducting threads come here next and count for themselves.
-            if s.c.max(0) + s.e - s.r < need {
-                // Demand exceeds supply + promises: become a refiller (INV(SEM4)).
-                if s.e + (batch - n) as i64 > MAX_EXPECTED as i64 {
-                    // INV(SEM2): E is full; let promises settle instead of overflowing.
-                    backoff.snooze();
-                    word = self.word.load_relaxed();
-                    continue;
-                }
-                // Acq_rel: a CAS in the slow path; nothing to publish, the acquire half keeps
-                // this decision after the loads that led to it.
-                match self
-                    .word
-                    .compare_exchange_acq_rel(word, word + e_units(batch - n))
-                {
-                    Ok(_) => return Wait::MustRefill,
-                    Err(now) => word = now,
-                }
-            } else if s.c >= need {
-                // INV(SEM7): the acquire half pairs with the release in `signal`/`release`.
-                match self
-                    .word
-                    .compare_exchange_acq_rel(word, word.wrapping_sub(c_units(n)))
-                {
-                    Ok(_) => return Wait::Acquired,
-                    Err(now) => word = now,
-                }
-            } else {
-                if s.r + need > MAX_RESERVED as i64 {
-                    // INV(SEM2): R is full; spin without reserving.
-                    backoff.snooze();
-                    word = self.word.load_relaxed();
-                    continue;
-                }
-                match self.word.compare_exchange_relaxed(word, word + r_units(n)) {
-                    Ok(_) => return self.spin_reserved(n, batch),
-                    Err(now) => word = now,
-                }
-            }
-            // A failed CAS: the word moved under us. Under contention an immediate retry only
-            // feeds the storm (PERFORMANCE.md), so wait a little before deciding again.
-            backoff.snooze();
-        }
+        // Relaxed: a reservation publishes nothing; the take that ends it is an acquire.
+        let old = self.word.fetch_add_relaxed(r_units(n));
+        debug_assert!(Counters::unpack(old).r + (n as i64) <= MAX_RESERVED as i64);
+        self.spin_reserved(n, batch, old.wrapping_add(r_units(n)))
     }
 
-    /// Spin holding a reservation of `n` while promised refills cover every reservation (ours
-    /// included): INV(SEM6). The reservation is never dropped and retaken, so a refill that
-    /// lands does not send every waiter back through the decision (a thundering herd):
-    /// - units there: take them and drop the reservation in ONE add (`C -= n, R -= n`), rolled
-    ///   back when another waiter was first. Both fields move together, so the transient
-    ///   leaves `R - C` (what other waiters decide on) unchanged;
-    /// - promises no longer cover the reservations (a refill was retracted): turn this
-    ///   reservation into a refill promise in one CAS (`R -= n, E += batch - n`). The first
-    ///   waiter to do so restores the cover, and the others keep spinning.
-    fn spin_reserved(&self, n: u32, batch: u32) -> Wait {
+    /// Hold a reservation of `n` (in R) until units or a refill duty end it; `word` is the
+    /// state after our reservation, to decide on first. Spins only while promised refills
+    /// cover every reservation, ours included (INV(SEM6)). The reservation is never dropped
+    /// and retaken, so a refill that lands moves one waiter and not the whole crowd.
+    fn spin_reserved(&self, n: u32, batch: u32, mut word: u64) -> Wait {
         let need = n as i64;
+        let take = c_units(n) + r_units(n);
+        let promise = e_units(batch - n).wrapping_sub(r_units(n));
         let mut backoff = Backoff::new();
         loop {
-            // Every waiter polls this one word. Thousands of them polling at the plain back-off
-            // rate would keep its cache line busy with loads and slow down the very adds that
-            // bring the units; so the pause grows with the number of waiters (R), which keeps
-            // the polls on the word to about one per `SPIN_NS_PER_WAITER`.
-            let word = self.word.load_relaxed();
             let s = Counters::unpack(word);
             if s.c >= need {
-                let take = c_units(n) + r_units(n);
-                // INV(SEM7): acquire pairs with the release in `signal`/`release`. INV(SEM2):
-                // our reservation is in R, so R never borrows into E.
+                // INV(SEM7): acquire pairs with the release in `signal`/`release`. C and R move
+                // together, so the transient leaves `R - C` (what other waiters decide on)
+                // unchanged.
                 let old = self.word.fetch_add_acquire(take.wrapping_neg());
                 if Counters::unpack(old).c >= need {
                     return Wait::Acquired;
                 }
                 // INV(SEM3): another waiter took them first; put back C and our reservation.
                 self.word.fetch_add_relaxed(take);
-            } else if s.r > s.c.max(0) + s.e && s.e + ((batch - n) as i64) <= MAX_EXPECTED as i64 {
-                // Acq_rel, as for every refill decision in `wait_slow`.
-                let promise = word - r_units(n) + e_units(batch - n);
-                if self.word.compare_exchange_acq_rel(word, promise).is_ok() {
+            } else if s.r > s.c.max(0) + s.e {
+                // Uncovered: turn our reservation into a refill promise (INV(SEM4)). Acquire:
+                // the decision stays after the loads that led to it.
+                let old = Counters::unpack(self.word.fetch_add_acquire(promise));
+                debug_assert!(old.e + ((batch - n) as i64) <= MAX_EXPECTED as i64);
+                if old.r > old.c.max(0) + old.e {
+                    // INV(SEM6): the state our add replaced was uncovered; the promise stands.
                     return Wait::MustRefill;
                 }
+                // Another promise (or units) covered us first: back to a reservation.
+                self.word.fetch_sub_relaxed(promise);
             }
+            // Every waiter polls this one word. Thousands of them polling at the plain back-off
+            // rate would keep its cache line busy with loads and slow down the very adds that
+            // bring the units; so the pause grows with the number of waiters (R), which keeps
+            // the polls on the word to about one per `SPIN_NS_PER_WAITER`.
             let crowd = (s.r as u32).saturating_mul(SPIN_NS_PER_WAITER);
             platform::nanosleep(crowd.clamp(backoff.current_ns(), SPIN_MAX_NS));
             backoff.grow();
+            word = self.word.load_relaxed();
         }
     }
 
@@ -326,27 +297,19 @@ impl BulkSemaphore {
 
     /// Take `n` units only if C holds them now; never refills, never spins.
     ///
-    /// A CAS, so it makes no transient deduction itself, but it reads C as the fast paths
-    /// leave it: while some `wait` is between its deduction and its roll-back (INV(SEM3)) it can
-    /// fail although the units exist. Callers that must know (the TBuddy merge) re-check.
+    /// One add, rolled back when C was short: like the fast path of `wait` it makes a
+    /// transient deduction (INV(SEM3)), and it can fail while another thread's deduction is
+    /// in flight although the units exist. Callers that must know (the TBuddy merge) re-check.
     #[inline]
     pub fn try_wait(&self, n: u32) -> bool {
-        let mut backoff = Backoff::new();
-        let mut word = self.word.load_relaxed();
-        loop {
-            if Counters::unpack(word).c < n as i64 {
-                return false;
-            }
-            // INV(SEM7): the acquire half pairs with the release in `signal`/`release`.
-            match self
-                .word
-                .compare_exchange_acq_rel(word, word.wrapping_sub(c_units(n)))
-            {
-                Ok(_) => return true,
-                Err(now) => word = now,
-            }
-            backoff.snooze();
+        // INV(SEM7): acquire pairs with the release in `signal`/`release`.
+        let old = self.word.fetch_add_acquire(c_units(n).wrapping_neg());
+        if Counters::unpack(old).c >= n as i64 {
+            return true;
         }
+        // INV(SEM3): give the units back.
+        self.word.fetch_add_relaxed(c_units(n));
+        false
     }
 
     /// [`wait`](Self::wait) for a warp: the lanes that call it on the same semaphore (grouped

@@ -65,9 +65,10 @@ pub struct Backoff {
 /// First sleep of a spinning thread. Short enough that a refill finishing a few hundred cycles
 /// later is noticed quickly.
 pub const BACKOFF_MIN_NS: u32 = 32;
-/// Longest sleep: bounds the latency added to a waiter once the resource appears (the hardware
-/// caps `nanosleep` at 1 ms anyway).
-pub const BACKOFF_MAX_NS: u32 = 4096;
+/// Longest sleep: bounds the latency added to a waiter once the resource appears. Measured on
+/// an H100 (`host scan`, docs/benchmarks.md): 4 KiB sleeps made TBuddy's refill chains several
+/// times slower than 256 ns at 2^12–2^16 threads.
+pub const BACKOFF_MAX_NS: u32 = 256;
 
 impl Backoff {
     pub fn new() -> Self {

@@ -92,9 +92,10 @@ pub const SEARCH_TRIES: u32 = 1000;
 
 // Node indices are u32 (`2^MAX_LEVELS` of them), block offsets fit u64.
 const _: () = assert!(MAX_LEVELS < u32::BITS);
-// INV(SEM2): an order can hold at most half its nodes Available (TB1), and no more than
-// `2^MAX_ORDER` in any case; the semaphore's C must hold that.
-const _: () = assert!((1u64 << MAX_ORDER) <= MAX_AVAILABLE as u64);
+// INV(SEM2): an order of `2^(MAX_ORDER - k)` nodes holds at most half of them Available (TB1:
+// siblings never both, except a pair in a free that is about to merge, one per resident
+// thread); the semaphore's C must hold that.
+const _: () = assert!((1u64 << (MAX_ORDER - 1)) + (1 << 19) <= MAX_AVAILABLE as u64);
 const _: () = assert!(MAX_ORDER + PAGE_SHIFT < u64::BITS);
 
 /// Node state: Busy. Zero, so that zeroed memory is all Busy (INV(TB8)).
