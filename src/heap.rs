@@ -70,7 +70,8 @@ pub struct HeapStats {
     /// Bytes taken from the buddy tree (UAlloc chunks plus large blocks), now and at most.
     pub reserved_bytes: u64,
     pub reserved_high: u64,
-    /// Bytes of live blocks (sizes as rounded up by the allocator), now and at most.
+    /// Bytes of live blocks (sizes as rounded up by the allocator), now (exact) and at most
+    /// (exact to within `toga_kernels::heap::USED_QUANTUM` per SM).
     pub used_bytes: u64,
     pub used_high: u64,
     /// Live blocks per size class: `(class size, count)`.
@@ -261,8 +262,9 @@ impl Heap {
             capacity_bytes: g.data_bytes(),
             reserved_bytes: word(offset_of!(HeapHeader, reserved)),
             reserved_high: word(offset_of!(HeapHeader, reserved_high)),
-            used_bytes: word(offset_of!(HeapHeader, used)),
-            used_high: word(offset_of!(HeapHeader, used_high)),
+            used_bytes: sums[stat::LIVE_BYTES],
+            // INV(HP3): the device keeps the mark in steps; it is never below the count now.
+            used_high: word(offset_of!(HeapHeader, used_high)).max(sums[stat::LIVE_BYTES]),
             live_per_class: (0..NUM_CLASSES)
                 .map(|c| (SizeClass::ALL[c].size(), sums[stat::LIVE_CLASS0 + c]))
                 .collect(),

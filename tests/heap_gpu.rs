@@ -188,7 +188,13 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
         (0, 0, 0),
         "{s:?}"
     );
-    assert_eq!(s.used_high, expected_used);
+    // INV(HP3): the high-water mark is kept in steps of USED_QUANTUM per SM.
+    let slack = heap.geometry().arenas * toga_kernels::heap::USED_QUANTUM as u64;
+    assert!(
+        s.used_high <= expected_used && s.used_high + slack >= expected_used,
+        "high water {} for {expected_used} B used",
+        s.used_high
+    );
     let probe = w.probe(&stream, &heap).unwrap();
     assert_eq!(probe.free_bytes, heap.capacity());
     assert!(probe.whole_heap_block);

@@ -35,6 +35,9 @@ pub const HEAP_MAGIC: u64 = u64::from_le_bytes(*b"togaheap");
 pub const LINE_SIZE: usize = 128;
 /// TBuddy order of one UAlloc chunk.
 pub const CHUNK_ORDER: u32 = CHUNK_SHIFT - PAGE_SHIFT;
+/// The step in which the header's `used` word follows the per-SM live-byte counts (INV(HP3)):
+/// `used` and its high-water mark are exact to within this much per SM.
+pub const USED_QUANTUM: i64 = 64 << 10;
 /// The smallest heap: one chunk of data.
 pub const MIN_HEAP_BYTES: u64 = CHUNK_SIZE as u64;
 /// The largest heap: the buddy tree's levels bound it (see `tbuddy::MAX_LEVELS`).
@@ -191,7 +194,8 @@ impl Geometry {
 pub struct HeapHeader {
     pub magic: Atomic64,
     pub geometry: Geometry,
-    /// Bytes of live blocks, summed by warps (current), and its high-water mark.
+    /// Bytes of live blocks in steps of `USED_QUANTUM` per SM, and its high-water mark
+    /// (INV(HP3)); the exact count is the sum of the shards' `LIVE_BYTES`.
     pub used: Line,
     pub used_high: Line,
     /// Bytes taken from TBuddy (UAlloc chunks and large blocks), and its high-water mark.
@@ -237,19 +241,6 @@ impl ChunkSource for HeapChunks<'_> {
 fn add_reserved(header: &HeapHeader, bytes: u64) {
     let now = header.reserved.0.fetch_add_relaxed(bytes) + bytes;
     header.reserved_high.0.fetch_max_relaxed(now);
-}
-
-/// Sum `value` over the lanes of `mask`; every lane gets the total.
-/// Convergence: every lane of `mask` must call it (platform rule).
-fn warp_sum(mask: u32, value: u64) -> u64 {
-    let mut total = 0;
-    let mut rest = mask;
-    while rest != 0 {
-        let lane = rest.trailing_zeros();
-        total += platform::shfl_idx_u64(mask, value, lane);
-        rest &= rest - 1;
-    }
-    total
 }
 
 impl<'a> Heap<'a> {
@@ -345,18 +336,20 @@ impl<'a> Heap<'a> {
         self.shard().words[word].fetch_add_relaxed(n);
     }
 
-    /// Account `bytes` (0 for none) to the used-bytes counter, one atomic per warp.
-    fn account_used(&self, bytes: i64) {
-        let mask = platform::active_mask();
-        let total = warp_sum(mask, bytes as u64);
-        if platform::lane_id() == platform::leader_of(mask) && total != 0 {
-            let now = self
-                .header
-                .used
-                .0
-                .fetch_add_relaxed(total)
-                .wrapping_add(total);
-            if (total as i64) > 0 {
+    /// Account a change of `delta` bytes in live blocks: exactly on this SM's shard, and on
+    /// the header's `used` word (and its high-water mark) in steps of [`USED_QUANTUM`], only
+    /// when the shard's count crosses a multiple of it (INV(HP3)). One add on a per-SM word per
+    /// call, which a warp's lanes share in hardware; the global words see one add per
+    /// `USED_QUANTUM` bytes instead of one per warp.
+    fn account_live(&self, delta: i64) {
+        let old = self.shard().words[stat::LIVE_BYTES].fetch_add_relaxed(delta as u64) as i64;
+        let new = old.wrapping_add(delta);
+        let steps = new.div_euclid(USED_QUANTUM) - old.div_euclid(USED_QUANTUM);
+        if steps != 0 {
+            let add = (steps * USED_QUANTUM) as u64;
+            let now = self.header.used.0.fetch_add_relaxed(add).wrapping_add(add);
+            // The published sum dips below zero while frees run ahead on other SMs.
+            if steps > 0 && (now as i64) > 0 {
                 self.header.used_high.0.fetch_max_relaxed(now);
             }
         }
@@ -403,11 +396,9 @@ impl<'a> Heap<'a> {
             if size != 0 {
                 self.count(stat::FAILED, 1);
             }
-            self.account_used(0);
         } else {
             self.count(stat::MALLOCS, 1);
-            self.count(stat::LIVE_BYTES, bytes as u64);
-            self.account_used(bytes as i64);
+            self.account_live(bytes as i64);
         }
         p
     }
@@ -423,7 +414,6 @@ impl<'a> Heap<'a> {
         }
         if align > CHUNK_SIZE {
             self.count(stat::FAILED, 1);
-            self.account_used(0);
             return ptr::null_mut();
         }
         self.malloc(size.max(align).max(MAX_SMALL_SIZE + 1))
@@ -514,12 +504,10 @@ impl<'a> Heap<'a> {
     /// slot boundary, or use after free) is undefined behaviour, as with any `free`.
     pub unsafe fn free(&self, p: *mut u8) {
         if p.is_null() {
-            self.account_used(0);
             return;
         }
         if !self.contains(p) {
             self.count(stat::INVALID_FREES, 1);
-            self.account_used(0);
             return;
         }
         let bytes = if (p as usize).is_multiple_of(PAGE_SIZE) {
@@ -559,9 +547,8 @@ impl<'a> Heap<'a> {
         };
         if bytes != 0 {
             self.count(stat::FREES, 1);
-            self.count(stat::LIVE_BYTES, bytes.wrapping_neg());
+            self.account_live((bytes as i64).wrapping_neg());
         }
-        self.account_used((bytes as i64).wrapping_neg());
     }
 }
 
