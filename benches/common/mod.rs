@@ -18,6 +18,17 @@ pub const THREADS: u64 = 1 << 20;
 /// Sizes of scenario (a).
 pub const SIZES: [u32; 5] = [16, 64, 256, 1024, 4096];
 
+/// CUDA's device malloc takes seconds per kernel for 2^20 blocks of 256 B and more (about 5 s at
+/// 256 B on an H100), and criterion runs each cell about a dozen times: it is run only for
+/// cells of at most this many bytes in all (2^20 × 64 B), and `host bench` times it once at
+/// every size. The docs say which cells have no CUDA number.
+pub const CUDA_MAX_BYTES: u64 = (1 << 20) * 64;
+
+/// Whether a cell of `threads` allocations of up to `size` bytes is run for `alloc`.
+pub fn affordable(alloc: Allocator, threads: u64, size: u32) -> bool {
+    alloc != Allocator::CudaMalloc || threads * size as u64 <= CUDA_MAX_BYTES
+}
+
 /// The GPU for benchmarks, with CUDA's malloc heap raised for `threads × largest` bytes; `None`
 /// (after saying so) when there is no GPU.
 pub fn gpu(threads: u64, largest: u32) -> Option<Gpu> {
@@ -41,8 +52,10 @@ pub fn configure(c: &mut Criterion) -> &mut Criterion {
 pub fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
     let mut g = c.benchmark_group(name);
     g.sample_size(10)
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_secs(2))
+        // GPU time per cell, as criterion counts it (`iter_custom`); the wall time is several
+        // times more (heap set-up, copies), and a lease is short.
+        .warm_up_time(Duration::from_millis(50))
+        .measurement_time(Duration::from_millis(300))
         .sampling_mode(criterion::SamplingMode::Flat);
     g
 }
@@ -122,6 +135,9 @@ pub fn bench_malloc(
     metric: &'static str,
 ) {
     let threads = b.threads();
+    if !affordable(alloc, threads, size) {
+        return;
+    }
     g.throughput(Throughput::Elements(threads));
     let id = format!("{}/{}/{}/{size}", alloc.name(), state_name(state), metric);
     gpu_timed(g, id, |iteration| {

@@ -277,7 +277,7 @@ fn oom(c: &mut Ctx) -> toga::Result<Vec<Row>> {
         // from round to round; recovery means everything went back (nothing reserved after
         // the free) and the second round got as much as the first, within those bins.
         let reserved = c.heap.stats(&c.stream)?.reserved_bytes;
-        let recovered = if size >= 4096 {
+        let recovered = if size as usize > toga_kernels::ualloc::MAX_SMALL_SIZE {
             counts[0] == fit && counts[1] == counts[0]
         } else {
             counts[1] as f64 >= 0.99 * counts[0] as f64

@@ -1,15 +1,18 @@
-//! UAlloc's size classes: powers of two from [`MIN_SIZE`] (16 B) to [`MAX_SMALL_SIZE`] (2 KB).
+//! UAlloc's size classes: powers of two from [`MIN_SIZE`] (16 B) to [`MAX_SMALL_SIZE`] (4 KB).
 //!
 //! `malloc(n)` with `n <= MAX_SMALL_SIZE` is served by UAlloc from the smallest class that holds
-//! `n`; anything larger goes to TBuddy, whose smallest block is a whole 4 KB page (so 2 KB + 1 B
-//! to 4 KB loses at most half, like every power-of-two allocator, and nothing is lost at 4 KB).
+//! `n`; anything larger goes to TBuddy, whose blocks are whole pages (4 KB + 1 B to 8 KB loses
+//! at most half, like every power-of-two allocator). 4 KB blocks come from UAlloc and not from
+//! TBuddy's order 0 because a 4 KB page from the buddy tree costs a climb through every order
+//! above it: on an H100, 2^20 × 4 KB took 67 ms from TBuddy (docs/benchmarks.md), while a bin
+//! of 25 of them costs one semaphore operation per warp and one chunk per 125 blocks.
 //!
 //! Classes come in two bin kinds ([`BinKind`], geometry in [`crate::ualloc::layout`]):
 //!
 //! | class | kind | bin | slots per bin | alignment |
 //! | --- | --- | --- | --- | --- |
 //! | 16, 32, 64, 128 B | small | 4 KB page, 128 B header, 128 B tail | 4096 / size | size |
-//! | 256 B … 2 KB | large | 104,704 B (five per chunk), 128 B header | (104704 − 128) / size | 128 B |
+//! | 256 B … 4 KB | large | 104,704 B (five per chunk), 128 B header | (104704 − 128) / size | 128 B |
 //!
 //! # Alignment promise
 //! Every block is aligned to `min(class size, 128 B)` ([`SizeClass::align`]): at least the
@@ -28,7 +31,7 @@ pub const MIN_SIZE: usize = 1 << MIN_SIZE_SHIFT;
 /// log2 of the largest class that has a tail (classes up to it use small bins).
 pub const TAIL_MAX_SHIFT: u32 = 7;
 /// log2 of [`MAX_SMALL_SIZE`].
-pub const MAX_SMALL_SHIFT: u32 = 11;
+pub const MAX_SMALL_SHIFT: u32 = 12;
 /// The largest request UAlloc serves; larger ones go to TBuddy (whole pages).
 pub const MAX_SMALL_SIZE: usize = 1 << MAX_SMALL_SHIFT;
 /// Number of size classes.
@@ -42,7 +45,7 @@ const _: () = assert!(MIN_SIZE_SHIFT <= TAIL_MAX_SHIFT && TAIL_MAX_SHIFT < MAX_S
 // A tail holds whole slots of every tailed class.
 const _: () = assert!(TAIL_SIZE == 1 << TAIL_MAX_SHIFT);
 // TBuddy's smallest block is a page: UAlloc must cover everything below it.
-const _: () = assert!(2 * MAX_SMALL_SIZE == PAGE_SIZE);
+const _: () = assert!(2 * MAX_SMALL_SIZE >= PAGE_SIZE);
 
 /// Which bin geometry a class uses (see [`crate::ualloc::layout`]). A chunk holds bins of one
 /// kind only.
@@ -52,7 +55,7 @@ pub enum BinKind {
     /// One-page bins with a header at the page start and a 128 B tail in the chunk's reserved
     /// pages: classes 16–128 B.
     Small = 0,
-    /// [`LARGE_BIN_SIZE`] bins, header at the start, no tail: classes 256 B–2 KB.
+    /// [`LARGE_BIN_SIZE`] bins, header at the start, no tail: classes 256 B–4 KB.
     Large = 1,
 }
 
@@ -196,15 +199,27 @@ impl SizeClass {
 /// Lanes in the widest warp (nvptx). A group of lanes asking for one class never exceeds it.
 pub const MAX_GROUP: u32 = 32;
 
-// Every class fits the bitmap, and a whole warp asking for one class fits in one bin, so a
-// group refill takes exactly one new bin (INV(UA6)).
+impl SizeClass {
+    /// The most lanes one group of this class may have: a warp, or a bin's slots where a bin
+    /// holds fewer (4 KB: 25), so that a group refill takes exactly one new bin (INV(UA6)).
+    #[inline(always)]
+    pub const fn max_group(self) -> u32 {
+        if self.slots() < MAX_GROUP {
+            self.slots()
+        } else {
+            MAX_GROUP
+        }
+    }
+}
+
+// Every class fits the bitmap, and a group asking for one class fits in one bin (INV(UA6)).
 const _: () = {
     let mut i = 0;
     while i < NUM_CLASSES {
         let c = SizeClass(i as u8);
         assert!(c.slots() as usize <= MAX_SLOTS);
         assert!(c.bitmap_words() <= BITMAP_WORDS);
-        assert!(c.slots() >= MAX_GROUP);
+        assert!(c.slots() >= c.max_group() && c.max_group() > 0);
         i += 1;
     }
 };
@@ -240,7 +255,9 @@ mod tests {
     #[test]
     fn slot_counts() {
         let slots: [u32; NUM_CLASSES] = core::array::from_fn(|i| SizeClass::ALL[i].slots());
-        assert_eq!(slots, [256, 128, 64, 32, 408, 204, 102, 51]);
+        assert_eq!(slots, [256, 128, 64, 32, 408, 204, 102, 51, 25]);
+        assert_eq!(SizeClass::from_size(4096).max_group(), 25);
+        assert_eq!(SizeClass::from_size(2048).max_group(), MAX_GROUP);
         assert_eq!(SizeClass::from_size(128).kind(), BinKind::Small);
         assert_eq!(SizeClass::from_size(129).kind(), BinKind::Large);
         assert_eq!(SizeClass::from_size(16).align(), 16);

@@ -375,23 +375,34 @@ impl<'a> Heap<'a> {
             }
             (p, class.size())
         } else {
-            let order = Self::order_for(size);
-            match self.buddy.alloc(order) {
-                Some(offset) => {
-                    let page = (offset >> PAGE_SHIFT) as usize;
-                    // INV(HP1): the first page of a live large block holds order + 1.
-                    self.large[page].store_relaxed(order + 1);
-                    add_reserved(self.header, (PAGE_SIZE as u64) << order);
-                    self.count(stat::LIVE_LARGE, 1);
-                    // SAFETY: TBuddy offsets are inside the data region.
-                    (
-                        unsafe { self.data.add(offset as usize) },
-                        PAGE_SIZE << order,
-                    )
-                }
-                None => (ptr::null_mut(), 0),
-            }
+            self.alloc_large(size)
         };
+        self.settle_malloc(size, p, bytes)
+    }
+
+    /// A TBuddy block of at least `size` bytes (whole pages, aligned to its power-of-two size),
+    /// recorded in the large-block table; `(null, 0)` when out of memory.
+    fn alloc_large(&self, size: usize) -> (*mut u8, usize) {
+        let order = Self::order_for(size);
+        match self.buddy.alloc(order) {
+            Some(offset) => {
+                let page = (offset >> PAGE_SHIFT) as usize;
+                // INV(HP1): the first page of a live large block holds order + 1.
+                self.large[page].store_relaxed(order + 1);
+                add_reserved(self.header, (PAGE_SIZE as u64) << order);
+                self.count(stat::LIVE_LARGE, 1);
+                // SAFETY: TBuddy offsets are inside the data region.
+                (
+                    unsafe { self.data.add(offset as usize) },
+                    PAGE_SIZE << order,
+                )
+            }
+            None => (ptr::null_mut(), 0),
+        }
+    }
+
+    /// Count a `malloc` of `size` that returned `p` (a block of `bytes`), and return `p`.
+    fn settle_malloc(&self, size: usize, p: *mut u8, bytes: usize) -> *mut u8 {
         if p.is_null() {
             if size != 0 {
                 self.count(stat::FAILED, 1);
@@ -405,18 +416,20 @@ impl<'a> Heap<'a> {
 
     /// Allocate `size` bytes aligned to `align` (a power of two). Small blocks are aligned to
     /// their class ([`SizeClass::align`]: the class size up to 128 B); a stricter alignment is
-    /// served from TBuddy, whose blocks are aligned to their size up to `CHUNK_SIZE`. Null for
+    /// served from TBuddy, whose blocks are aligned to their size (at least a page). Null for
     /// alignments above `CHUNK_SIZE`.
     pub fn malloc_aligned(&self, size: usize, align: usize) -> *mut u8 {
         let size = size.max(1);
         if size <= MAX_SMALL_SIZE && align <= SizeClass::from_size(size).align() {
             return self.malloc(size);
         }
-        if align > CHUNK_SIZE {
+        if align > CHUNK_SIZE || size as u64 > self.header.geometry.data_bytes() {
             self.count(stat::FAILED, 1);
             return ptr::null_mut();
         }
-        self.malloc(size.max(align).max(MAX_SMALL_SIZE + 1))
+        // A TBuddy block is aligned to its size, at least a page.
+        let (p, bytes) = self.alloc_large(size.max(align));
+        self.settle_malloc(size, p, bytes)
     }
 
     /// Allocate `count * size` zeroed bytes (null on overflow, like C's `calloc`).

@@ -6,7 +6,7 @@ use crate::bulk_semaphore::Wait;
 use crate::collective::Group;
 use crate::platform::{self, Backoff};
 use crate::rcu::SrcuReader;
-use crate::size_class::{BinKind, MAX_GROUP, MAX_SMALL_SIZE, SizeClass};
+use crate::size_class::{BinKind, MAX_SMALL_SIZE, SizeClass};
 use crate::ualloc::arena::{Arena, bin_at};
 use crate::ualloc::bin::{BinHeader, Claim, USED_COUNT_MASK};
 use crate::ualloc::chunk::chunk_base;
@@ -143,7 +143,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         let class = SizeClass::from_size(size);
         let ai = self.arena_index();
-        let group = Group::of(CLASS_GROUP_TAG | (ai as u64) << 8 | class.index() as u64);
+        let group = Group::of(CLASS_GROUP_TAG | (ai as u64) << 8 | class.index() as u64)
+            .split(class.max_group());
         if group.is_single() {
             self.alloc_fast_single(ai, class)
         } else {
@@ -152,12 +153,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// `out.len()` blocks of `size` bytes with ONE semaphore operation (the group path, for a
-    /// single thread): all or nothing. `out.len() <= 32`. Returns whether it succeeded; on
+    /// single thread): all or nothing. `out.len() <= max_group()` of the class. Returns whether it succeeded; on
     /// failure `out` is all null.
     pub fn malloc_bulk(&self, size: usize, out: &mut [*mut u8]) -> bool {
         out.fill(ptr::null_mut());
         let k = out.len() as u32;
-        if size > MAX_SMALL_SIZE || k == 0 || k > MAX_GROUP {
+        if size > MAX_SMALL_SIZE || k == 0 || k > SizeClass::from_size(size).max_group() {
             return k == 0;
         }
         let class = SizeClass::from_size(size);

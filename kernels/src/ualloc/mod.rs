@@ -1,4 +1,4 @@
-//! UAlloc: the fine-grained allocator for blocks of 16 B to 2 KB, with one arena per SM.
+//! UAlloc: the fine-grained allocator for blocks of 16 B to 4 KB, with one arena per SM.
 //!
 //! ```text
 //!  ChunkSource (TBuddy) ──512 KB chunk──► Arena (per SM)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One lease, one call (from the repository root, after scripts/bundle): the GPU tests, the
+# harness, the example and a scan, each under a time limit. Summaries on stdout, logs in $OUT.
+# SANITIZE=1 runs compute-sanitizer (memcheck, racecheck) on the GPU tests instead.
+b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
+export TOGA_HOST_BIN=$PWD/$b/host
+t() { local limit=$1 name=$2; shift 2; echo "=== $name"; timeout -s KILL "$limit" "$@" >"$out/$name.log" 2>&1; echo "=== $name rc=$?"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "${SANITIZE:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    t 280 "$tool" compute-sanitizer --tool $tool --error-exitcode 9 "$b/tests/heap_gpu" --test-threads=1
+    grep -hE "^test |test result|ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log"
+  done
+  exit 0
+fi
+t 120 platform "$b/tests/platform_gpu" --test-threads=1
+t 200 heap "$b/tests/heap_gpu" --test-threads=1
+t 60 cli "$b/tests/cli" --test-threads=1
+t 30 example "$b/vec-kernel-example"
+t 90 stress "$b/host" --timeout 85
+t 90 bench "$b/host" bench --timeout 85
+t 120 scan "$b/host" scan --no-exhaust --sizes 16,64,256,1024,4096,65536 --timeout 115
+grep -hE "^test |test result|panicked|wrong sums" "$out"/{platform,heap,cli,example}.log
+cat "$out/stress.log" "$out/bench.log"; grep -E "^ +[0-9]+ +1048576|did not" "$out/scan.log"
