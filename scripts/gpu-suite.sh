@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One lease, one call (from the repository root, after scripts/bundle): the GPU tests, the
 # harness, the example and a scan, each under a time limit. Summaries on stdout, logs in $OUT.
-# SANITIZE=1 runs compute-sanitizer (memcheck, racecheck) on the GPU tests instead.
-b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
+# Logs go to $OUT/suite-logs.tar.gz. SANITIZE=1 runs compute-sanitizer (memcheck, racecheck) on the GPU tests instead.
+b=${BUNDLE:-bundle}; dest=${OUT:-$b/logs}; mkdir -p "$dest"
+out=$(mktemp -d); trap 'tar -czf "$dest/suite-logs.tar.gz" -C "$out" .' EXIT
 export TOGA_HOST_BIN=$PWD/$b/host
 t() { local limit=$1 name=$2; shift 2; echo "=== $name"; timeout -s KILL "$limit" "$@" >"$out/$name.log" 2>&1; echo "=== $name rc=$?"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
-    t 280 "$tool" compute-sanitizer --tool $tool --error-exitcode 9 "$b/tests/heap_gpu" --test-threads=1
+    t "${SANITIZE_LIMIT:-280}" "$tool" compute-sanitizer --tool $tool --error-exitcode 9 "$b/tests/heap_gpu" --test-threads=1
     grep -hE "^test |test result|ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log"
   done
   exit 0
