@@ -23,9 +23,8 @@
 //! second add. Decisions are therefore made on exact snapshots, one per add.
 //!
 //! # `wait(n, batch)`
-//! 1. Fast path: subtract `n` from C. If the old C was `>= n` the units are ours. Otherwise
-//!    add `n` back (INV(SEM3)).
-//! 2. Reserve: `R += n`. From here the waiter holds a reservation until ONE add turns it
+//! 1. Fast path: subtract `n` from C. If the old C was `>= n` the units are ours.
+//! 2. Otherwise give `n` back to C and reserve it (`C += n, R += n`, one add). From here the waiter holds a reservation until ONE add turns it
 //!    into units (`C -= n, R -= n`) or into a refill promise (`R -= n, E += batch - n`):
 //!    - units there (`C >= n`): take them; when the old value shows another waiter was
 //!      first, add them back (INV(SEM3)).
@@ -53,10 +52,11 @@
 //! - SEM2: `E <= MAX_EXPECTED`, `R <= MAX_RESERVED`, `0 <= C <= MAX_AVAILABLE` (real count).
 //!   The bounds are physical, not checked on the hot path: R is at most one unit per thread
 //!   resident on the GPU (a group's leader reserves for its lanes), and the GPUs toga runs on
-//!   hold far fewer than 2^19 threads at once (H100/H200: 132 SMs × 2,048 = 270,336). E is the standing promises (at most R + batch, since a promise
-//!   stands only where it covered uncovered reservations, INV(SEM6)) plus conversions being
-//!   undone, at most one per waiter of batch - n each: TBuddy's batch - n is 1, and UAlloc's
-//!   semaphores are per SM (2,048 threads × 511 < 2^21). C's bound is the pool's duty.
+//!   hold far fewer than 2^19 threads at once (H100/H200: 132 SMs × 2,048 = 270,336). E is
+//!   the standing promises (at most R + batch, since a promise stands only where it covered
+//!   uncovered reservations, INV(SEM6)) plus conversions being undone, at most one per waiter
+//!   of batch - n each: TBuddy's batch - n is 1, and UAlloc's semaphores are per SM
+//!   (2,048 threads × 511 < 2^21). C's bound is the pool's duty.
 //!   Every field shrinks only by amounts the same thread added, so no add borrows or
 //!   carries between fields.
 //! - SEM3: the C field may read below the real count by the deductions of fast paths and
@@ -197,9 +197,10 @@ impl BulkSemaphore {
         if Counters::unpack(old).c >= n as i64 {
             return Wait::Acquired;
         }
-        // INV(SEM3): C was short; give the units back before deciding anything.
-        self.word.fetch_add_relaxed(c_units(n));
-        self.wait_slow(n, batch)
+        // INV(SEM3): C was short; give the units back and reserve them in the same add.
+        let reserve = c_units(n) + r_units(n);
+        let old = self.word.fetch_add_relaxed(reserve);
+        self.spin_reserved(n, batch, old.wrapping_add(reserve))
     }
 
     /// The slow path of `wait`: reserve, then take or refill (module doc).
