@@ -58,6 +58,7 @@ pub struct Heap {
     stream: Arc<CudaStream>,
     init_nodes: cudarc::driver::CudaFunction,
     init_finish: cudarc::driver::CudaFunction,
+    trim: cudarc::driver::CudaFunction,
     /// Host copy of the geometry, kept alive until the async copy that reads it has run.
     header_image: Vec<u8>,
 }
@@ -156,6 +157,7 @@ impl Heap {
             stream: stream.clone(),
             init_nodes: gpu.function("toga_heap_init_nodes")?,
             init_finish: gpu.function("toga_heap_init_finish")?,
+            trim: gpu.function("toga_trim")?,
             header_image: Vec::new(),
         };
         heap.reset(stream)?;
@@ -199,6 +201,23 @@ impl Heap {
                 .launch(crate::launch_config(threads))?;
             stream
                 .launch_builder(&self.init_finish)
+                .arg(&self.base)
+                .launch(crate::launch_config(1))?;
+        }
+        Ok(())
+    }
+
+    /// Give back the memory the small-block allocator holds but does not use, in order on
+    /// `stream`: empty bins go back to their chunks and empty chunks to the buddy tree, so
+    /// they can serve any size again. Kernels never need it (a `malloc` that finds no memory
+    /// does the same before it returns null); call it after a phase that freed many small
+    /// blocks, before reading `reserved` bytes, or before asking for one very large block.
+    /// Safe while other kernels use the heap.
+    pub fn trim(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        // SAFETY: `toga_trim` takes the heap's base; the heap outlives the launch (ordering rule).
+        unsafe {
+            stream
+                .launch_builder(&self.trim)
                 .arg(&self.base)
                 .launch(crate::launch_config(1))?;
         }

@@ -186,6 +186,8 @@ fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
     assert_eq!(h.stat(stat::MALLOCS), h.stat(stat::FREES));
     assert_eq!(h.stat(stat::LIVE_BYTES), 0);
     assert_eq!(h.stat(stat::DOUBLE_FREES) + h.stat(stat::INVALID_FREES), 0);
+    // Empty bins stay with their class until a trim (INV(UA4)).
+    heap.trim();
     heap.buddy().assert_valid();
     assert_eq!(
         heap.buddy().available_pages(),
@@ -213,6 +215,7 @@ fn misuse_is_counted_and_changes_nothing() {
     }
     assert_eq!(h.stat(stat::DOUBLE_FREES) + h.stat(stat::INVALID_FREES), 4);
     assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+    heap.trim();
     heap.buddy().assert_valid();
     assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
     assert!(heap.malloc(0).is_null());
@@ -258,6 +261,39 @@ fn exhaustion_then_full_recovery() {
             // SAFETY: live blocks, freed once.
             unsafe { heap.free(p) };
         }
+        heap.trim();
+        heap.buddy().assert_valid();
+        assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
+    }
+}
+
+#[test]
+fn freed_small_blocks_serve_a_whole_heap_block_without_a_trim() {
+    let h = HostHeap::new(4 << 20, 2);
+    let heap = h.heap();
+    for size in [16usize, 64, 1000, 4096] {
+        let mut blocks = Vec::new();
+        loop {
+            let p = heap.malloc(size);
+            if p.is_null() {
+                break;
+            }
+            blocks.push(p);
+        }
+        assert!(blocks.len() > 100, "size {size}: {} blocks", blocks.len());
+        for &p in &blocks {
+            // SAFETY: live blocks, freed once.
+            unsafe { heap.free(p) };
+        }
+        // No trim: the empty bins are still UAlloc's, and the large malloc that finds no
+        // pages takes them back itself.
+        let whole = heap.malloc(h.geometry.pages as usize * 4096);
+        assert!(
+            !whole.is_null(),
+            "size {size}: the whole heap is not allocatable"
+        );
+        // SAFETY: a live block, freed once.
+        unsafe { heap.free(whole) };
         heap.buddy().assert_valid();
         assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
     }

@@ -37,3 +37,16 @@ pub unsafe extern "ptx-kernel" fn toga_bind_heap(base: *mut u8) {
         unsafe { heap::bind(base) };
     }
 }
+
+/// Give back what UAlloc holds but does not use (`Heap::trim`): one thread per launch is enough;
+/// more threads only skip arenas that another is trimming.
+///
+/// # Safety
+/// `base` is an initialized heap.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_trim(base: *mut u8) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { Heap::from_base(base) }.trim();
+    }
+}

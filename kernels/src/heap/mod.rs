@@ -355,6 +355,15 @@ impl<'a> Heap<'a> {
         }
     }
 
+    /// Give back the memory UAlloc holds but does not use: empty bins to their chunks, empty
+    /// chunks to the buddy tree ([`UAlloc::trim`]). Returns how much work it found (0: none).
+    /// `malloc` runs it by itself before it reports out of memory; the host runs it with
+    /// `toga_trim` (`toga::Heap::trim`), after which a heap whose blocks are all freed holds
+    /// every page in its buddy tree again.
+    pub fn trim(&self) -> u32 {
+        self.ualloc().trim()
+    }
+
     /// TBuddy order of a block that holds `size` bytes.
     fn order_for(size: usize) -> u32 {
         let pages = size.div_ceil(PAGE_SIZE);
@@ -382,9 +391,16 @@ impl<'a> Heap<'a> {
 
     /// A TBuddy block of at least `size` bytes (whole pages, aligned to its power-of-two size),
     /// recorded in the large-block table; `(null, 0)` when out of memory.
+    #[inline(never)]
     fn alloc_large(&self, size: usize) -> (*mut u8, usize) {
         let order = Self::order_for(size);
-        match self.buddy.alloc(order) {
+        // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
+        // (INV(UA4)); give them back and try once more.
+        let offset = match self.buddy.alloc(order) {
+            None if self.trim() > 0 => self.buddy.alloc(order),
+            got => got,
+        };
+        match offset {
             Some(offset) => {
                 let page = (offset >> PAGE_SHIFT) as usize;
                 // INV(HP1): the first page of a live large block holds order + 1.

@@ -70,10 +70,14 @@ pub struct Arena {
     pub(crate) rcu: Srcu,
     pub(crate) classes: [ClassState; NUM_CLASSES],
     pub(crate) kinds: [KindState; NUM_KINDS],
+    /// Held by the one thread that trims this arena ([`UAlloc::trim`](super::UAlloc::trim));
+    /// others skip the arena instead of walking its lists again.
+    pub(crate) trimming: Line<CollectiveMutex>,
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(core::mem::size_of::<Arena>() == (4 + 2 * NUM_CLASSES + 2 * NUM_KINDS) * 128);
+const _: () =
+    assert!(core::mem::size_of::<Arena>() == (4 + 2 * NUM_CLASSES + 2 * NUM_KINDS + 1) * 128);
 
 impl Arena {
     /// An empty arena (equal to all-zero memory).
@@ -96,6 +100,7 @@ impl Arena {
                     lock: CollectiveMutex::new(),
                 }),
             }),
+            trimming: Line(CollectiveMutex::new()),
         }
     }
 

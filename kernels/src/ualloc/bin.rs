@@ -87,6 +87,18 @@ pub enum Release {
     DoubleFree,
 }
 
+/// What one [`BinHeader::release_many`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// The bitmap word before the release: a slot of the request was freed by this call iff
+    /// its bit is set here.
+    pub old: u64,
+    /// The bin was full before (the caller must relink it, INV(UA7)).
+    pub was_full: bool,
+    /// Slots still claimed after the release (a snapshot).
+    pub left: u32,
+}
+
 /// The lowest `n` set bits of `bits`.
 #[inline(always)]
 pub fn lowest_bits(bits: u64, n: u32) -> u64 {
@@ -209,32 +221,57 @@ impl BinHeader {
         Claim::NoneFree
     }
 
-    /// Free slot `slot` (`< class.slots()`).
+    /// Free slot `slot` (`< class.slots()`): [`release_many`](Self::release_many) of one bit.
     #[inline]
     pub fn release(&self, class: SizeClass, slot: u32) -> Release {
-        debug_assert!(slot < class.slots());
-        let w = slot as usize / WORD_BITS;
         let bit = 1u64 << (slot as usize % WORD_BITS);
-        // Release: the owner's writes to the slot happen before the next claimer's acquire
+        match self.release_many(class, slot / WORD_BITS as u32, bit) {
+            Some(r) if r.old & bit != 0 => Release::Freed {
+                was_full: r.was_full,
+                now_empty: r.left == 0,
+            },
+            _ => Release::DoubleFree,
+        }
+    }
+
+    /// Free the slots of `bits` in bitmap word `word` with one `fetch_and` and one `fetch_sub`
+    /// (a warp's group of frees). Bits that were already clear are double frees and change
+    /// nothing; the caller tells them apart with [`Released::old`]. `None`: the release was
+    /// undone and nothing changed, because a slot's bit was set but not yet counted (a double
+    /// free racing a claim of that slot, INV(UA3)) or the bin is retired; the caller retries
+    /// each slot alone (one bit: reports a double free).
+    #[inline]
+    pub fn release_many(&self, class: SizeClass, word: u32, bits: u64) -> Option<Released> {
+        let w = word as usize;
+        debug_assert!(w < class.bitmap_words());
+        // Release: the owners' writes to the slots happen before the next claimer's acquire
         // `fetch_or` (pairs with `claim`).
-        let old = self.bitmap[w].fetch_and_acq_rel(!bit);
-        if old & bit == 0 {
-            return Release::DoubleFree;
+        let old = self.bitmap[w].fetch_and_acq_rel(!bits);
+        let freed = old & bits;
+        let n = freed.count_ones();
+        if n == 0 {
+            return Some(Released {
+                old,
+                was_full: false,
+                left: self.used_count(),
+            });
         }
         // Acq_rel: pairs with `claim`'s fetch_add and `try_retire`'s CAS.
-        let used = self.used.fetch_sub_acq_rel(1);
-        if used & !USED_COUNT_MASK != 0 || used & USED_COUNT_MASK == 0 {
-            // The bit was set but not counted: a claim between its two atomics, or a retired
-            // bin. Only a double free racing a claim of the same slot gets here: undo.
-            self.used.fetch_add_relaxed(1);
-            self.bitmap[w].fetch_or_relaxed(bit);
-            return Release::DoubleFree;
-        }
+        let used = self.used.fetch_sub_acq_rel(n);
         let count = used & USED_COUNT_MASK;
-        Release::Freed {
-            was_full: count == class.slots(),
-            now_empty: count == 1,
+        if used & !USED_COUNT_MASK != 0 || count < n {
+            // Bits set but not counted: a claim between its two atomics, or a retired bin.
+            // Only a double free racing a claim of the same slot gets here: undo.
+            self.used.fetch_add_relaxed(n);
+            self.bitmap[w].fetch_or_relaxed(freed);
+            return None;
         }
+        Some(Released {
+            old,
+            // A crossing of "full" downwards (INV(UA3): the count may exceed `slots` briefly).
+            was_full: count >= class.slots() && count - n < class.slots(),
+            left: count - n,
+        })
     }
 
     /// Retire the bin if no slot is claimed: `used` 0 → RETIRED (INV(UA4)). After success no

@@ -1,12 +1,27 @@
-//! `free` and `usable_size`: pointer → chunk → bin → slot, validation, retirement.
+//! `free` and `usable_size`: pointer → chunk → bin → slot, validation, and the release of slots.
+//!
+//! # The warp path (`free_group`)
+//! Lanes of a warp that free slots of the same bitmap word (so the same bin, class and arena)
+//! form a [`Group`]. Its leader enters the arena's read section once, clears the group's bits
+//! with ONE `fetch_and`, moves `used` with ONE `fetch_sub` and returns the units with ONE
+//! semaphore release; every lane reads its own bit in the old word, so a double free is still
+//! caught per lane. A lone lane (`free_single`) takes the same steps for itself.
+//!
+//! # No retirement on the free path
+//! A bin that becomes empty stays carved and listed: the next `malloc` of its class reuses it
+//! without re-carving, and `free` never takes the list mutex for it nor waits for a grace
+//! period. Empty bins go back to their chunks (and empty chunks to the source) in
+//! [`UAlloc::trim`], which `malloc` runs by itself before it reports out of memory
+//! (`docs/ualloc.md`, INV(UA4)).
 
-use crate::platform::Backoff;
+use crate::collective::Group;
+use crate::platform;
 use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::sync_listing;
 use crate::ualloc::arena::Arena;
-use crate::ualloc::bin::{BinHeader, Release};
+use crate::ualloc::bin::BinHeader;
 use crate::ualloc::chunk::{ChunkHeader, chunk_base};
-use crate::ualloc::layout::{PAGE_SIZE, SlotArea, area_of};
+use crate::ualloc::layout::{PAGE_SIZE, SlotArea, WORD_BITS, area_of};
 use crate::ualloc::{ChunkSource, FreeOutcome, UAlloc};
 
 /// The bin, class and slot that `addr` (inside the live chunk `chunk`) is the start of.
@@ -37,15 +52,77 @@ fn locate(chunk: &ChunkHeader, addr: usize) -> Option<(&BinHeader, SizeClass, u3
     Some((bin, class, slot))
 }
 
+/// The key that groups lanes freeing into one bitmap word: the word's address (bins are
+/// 128-aligned, so it is never 0).
+#[inline(always)]
+fn word_key(bin: &BinHeader, slot: u32) -> u64 {
+    bin as *const BinHeader as u64 + 8 * (slot as u64 / WORD_BITS as u64)
+}
+
+/// The leader's part of a group free: clear `bits` (slots of `word` of `bin`, some of which
+/// may already be free) and account for those that were taken. Returns the old bitmap word
+/// (a lane's slot was freed by this call iff its bit is set in it), or `None` when the
+/// release had to be undone (a double free racing a claim of the same slot): the caller then
+/// frees each slot on its own, exactly. Called inside a read section of `arena`.
+pub(crate) fn release_bits(
+    arena: &Arena,
+    class: SizeClass,
+    bin: &BinHeader,
+    word: u32,
+    bits: u64,
+) -> Option<u64> {
+    let r = bin.release_many(class, word, bits)?;
+    if r.was_full {
+        // INV(UA7): a bin that was full rejoins its list before its units are released.
+        sync_listing(arena, class, bin);
+    }
+    let n = (r.old & bits).count_ones();
+    if n > 0 {
+        arena.class(class).slots.0.release(n);
+    }
+    Some(r.old)
+}
+
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// Free the block at `p`. Detects double frees (slot bit already clear) and pointers that
-    /// are not UAlloc blocks, and then changes nothing.
+    /// are not UAlloc blocks, and then changes nothing. Callable from any lanes of a warp in
+    /// any convergence (module doc).
     ///
     /// # Safety
     /// `p` is not page-aligned or is rejected at once; otherwise the `CHUNK_SIZE`-aligned
     /// block containing `p` must be readable memory (inside the heap's data region) for the
     /// duration of the call. `p` need not be a live block.
+    #[inline]
     pub unsafe fn free(&self, p: *mut u8) -> FreeOutcome {
+        let addr = p as usize;
+        // An optimistic look, outside any read section, only to group the lanes: the group's
+        // leader validates it again inside the section. 0: not a block (or no group).
+        let key = if addr.is_multiple_of(PAGE_SIZE) {
+            0
+        } else {
+            // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
+            let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
+            match chunk.is_live().then(|| locate(chunk, addr)).flatten() {
+                Some((bin, _, slot)) => word_key(bin, slot),
+                None => 0,
+            }
+        };
+        let group = Group::of(key);
+        if key == 0 || group.is_single() {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.free_single(p) }
+        } else {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.free_group(&group, p) }
+        }
+    }
+
+    /// `free` for a lane alone with its bitmap word (or a pointer that is not a block).
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free).
+    #[inline(never)]
+    unsafe fn free_single(&self, p: *mut u8) -> FreeOutcome {
         let addr = p as usize;
         // INV(UA1): UAlloc blocks are never page-aligned (null included).
         if addr.is_multiple_of(PAGE_SIZE) {
@@ -60,7 +137,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let Some(arena) = self.arenas.get(ai) else {
             return FreeOutcome::Invalid;
         };
-        let reader = arena.rcu.read_lock();
+        let _reader = arena.rcu.read_lock();
         // INV(UA8)/INV(RCU1): re-checked inside the read section, the chunk stays UAlloc's (and
         // this arena's) until we leave it.
         if !chunk.is_live() || chunk.arena.load_relaxed() as usize != ai {
@@ -69,29 +146,174 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let Some((bin, class, slot)) = locate(chunk, addr) else {
             return FreeOutcome::Invalid;
         };
-        let Release::Freed {
-            was_full,
-            now_empty,
-        } = bin.release(class, slot)
-        else {
-            return FreeOutcome::DoubleFree;
+        let word = slot / WORD_BITS as u32;
+        let bit = 1u64 << (slot % WORD_BITS as u32);
+        match release_bits(arena, class, bin, word, bit) {
+            Some(old) if old & bit != 0 => FreeOutcome::Freed(class),
+            _ => FreeOutcome::DoubleFree,
+        }
+    }
+
+    /// `free` for a group of lanes whose slots share one bitmap word (module doc). Collective
+    /// over `group` (collective.rs rules: every branch below depends on broadcast values only).
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free).
+    #[inline(never)]
+    unsafe fn free_group(&self, group: &Group, p: *mut u8) -> FreeOutcome {
+        let addr = p as usize;
+        // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
+        let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
+        // Every lane of the group saw the same word, so the same chunk, bin and arena.
+        let ai = group.broadcast_u32(chunk.arena.load_relaxed()) as usize;
+        let arena = self.arenas.get(ai);
+        let reader = match (group.is_leader(), arena) {
+            (true, Some(a)) => Some(a.rcu.read_lock()),
+            _ => None,
         };
-        if was_full {
-            // INV(UA7): a bin that was full rejoins its list before its unit is released.
-            sync_listing(arena, class, bin);
+        // Inside the leader's read section (the barrier orders it before the members' reads),
+        // each lane locates its slot again; the group goes on only if every lane still finds a
+        // slot in the word they were grouped by (INV(UA8)/INV(RCU1)).
+        group.sync();
+        let here = match arena {
+            Some(_) if chunk.is_live() && chunk.arena.load_relaxed() as usize == ai => {
+                locate(chunk, addr)
+            }
+            _ => None,
+        };
+        let (slot, class, bin) = match here {
+            Some((bin, class, slot)) => (slot, class.index() as u32, bin as *const BinHeader),
+            None => (u32::MAX, u32::MAX, core::ptr::null()),
+        };
+        let valid = platform::ballot(group.mask(), slot != u32::MAX) == group.mask()
+            && platform::match_any(group.mask(), (class as u64) << 32 | bin as u64) == group.mask();
+        if !valid {
+            drop(reader);
+            group.sync();
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.free_single(p) };
         }
-        arena.class(class).slots.0.release(1);
-        let retired = now_empty && Self::free_slow_retire(arena, class, bin);
+        let bit_index = slot % WORD_BITS as u32;
+        // The group's bits: duplicates (a pointer freed twice in one call) collapse here.
+        let mut bits = 0u64;
+        let mut rest = group.mask();
+        while rest != 0 {
+            let src = rest.trailing_zeros();
+            bits |= 1u64 << platform::shfl_idx_u32(group.mask(), bit_index, src);
+            rest &= rest - 1;
+        }
+        // SAFETY: `bin` was located inside the read section; valid until it ends.
+        let (bin, class) = (unsafe { &*bin }, SizeClass::from_index(class as usize));
+        let class = class.expect("a located slot has a class");
+        let old = match (&reader, arena) {
+            (Some(_), Some(a)) => release_bits(a, class, bin, slot / WORD_BITS as u32, bits),
+            _ => Some(0),
+        };
+        let undone = group.broadcast_u32(old.is_none() as u32) != 0;
+        let old = group.broadcast_u64(old.unwrap_or(0));
         drop(reader);
-        if retired {
-            // SAFETY: INV(UA4): the bin is retired and unlinked; its header stays valid until the
-            // callback returns it to the chunk, and it is queued once per retirement.
-            unsafe { arena.rcu.call_rcu(&bin.rcu) };
-            arena
-                .rcu
-                .barrier_conditional(|head| self.run_callback(head));
+        group.sync();
+        if undone {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.free_single(p) };
         }
-        FreeOutcome::Freed(class)
+        // Of lanes that freed the same slot, the lowest one freed it; the rest are double frees.
+        let mut mine = old >> bit_index & 1 != 0;
+        if bits.count_ones() < group.size() {
+            let same = platform::match_any(group.mask(), bit_index as u64);
+            mine &= platform::leader_of(same) == platform::lane_id();
+        }
+        if mine {
+            FreeOutcome::Freed(class)
+        } else {
+            FreeOutcome::DoubleFree
+        }
+    }
+
+    /// Free the blocks of `ptrs` as one group does on the GPU, for a thread alone (the host,
+    /// where a warp is one lane): pointers into one bitmap word are released with one
+    /// [`release_bits`]. `out[i]` gets the outcome of `ptrs[i]`. For tests of the group path.
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free), for every pointer.
+    pub unsafe fn free_bulk(&self, ptrs: &[*mut u8], out: &mut [FreeOutcome]) {
+        debug_assert_eq!(ptrs.len(), out.len());
+        let mut done = [false; 64];
+        assert!(
+            ptrs.len() <= done.len(),
+            "free_bulk takes at most 64 pointers"
+        );
+        for i in 0..ptrs.len() {
+            if done[i] {
+                continue;
+            }
+            let addr = ptrs[i] as usize;
+            let target = if addr.is_multiple_of(PAGE_SIZE) {
+                None
+            } else {
+                // SAFETY: the caller guarantees the block around each pointer is readable.
+                let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
+                let ai = chunk.arena.load_relaxed() as usize;
+                (chunk.is_live() && ai < self.arenas.len()).then_some((chunk, ai))
+            };
+            let Some((chunk, ai)) = target else {
+                // SAFETY: forwarded.
+                out[i] = unsafe { self.free_single(ptrs[i]) };
+                done[i] = true;
+                continue;
+            };
+            let arena = &self.arenas[ai];
+            let reader = arena.rcu.read_lock();
+            let Some((bin, class, slot)) = chunk.is_live().then(|| locate(chunk, addr)).flatten()
+            else {
+                drop(reader);
+                // SAFETY: forwarded.
+                out[i] = unsafe { self.free_single(ptrs[i]) };
+                done[i] = true;
+                continue;
+            };
+            // The group: every pointer not yet done that lies in the same word.
+            let key = word_key(bin, slot);
+            let mut members = [0usize; 64];
+            let mut k = 0;
+            let mut bits = 0u64;
+            for (j, &q) in ptrs.iter().enumerate().skip(i) {
+                let a = q as usize;
+                if done[j] || a.is_multiple_of(PAGE_SIZE) || chunk_base(a) != chunk.base() {
+                    continue;
+                }
+                if let Some((b, c, s)) = locate(chunk, a)
+                    && c == class
+                    && word_key(b, s) == key
+                {
+                    members[k] = j;
+                    k += 1;
+                    bits |= 1u64 << (s % WORD_BITS as u32);
+                }
+            }
+            let old = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
+            drop(reader);
+            let mut seen = 0u64;
+            for &j in &members[..k] {
+                done[j] = true;
+                let a = ptrs[j] as usize;
+                out[j] = match (old, locate(chunk, a)) {
+                    (Some(old), Some((_, _, s))) => {
+                        let bit = 1u64 << (s % WORD_BITS as u32);
+                        let first = seen & bit == 0;
+                        seen |= bit;
+                        if old & bit != 0 && first {
+                            FreeOutcome::Freed(class)
+                        } else {
+                            FreeOutcome::DoubleFree
+                        }
+                    }
+                    // Undone: each on its own, exactly.
+                    // SAFETY: forwarded.
+                    _ => unsafe { self.free_single(ptrs[j]) },
+                };
+            }
+        }
     }
 
     /// The class size of the live block at `p` (what `realloc` may use in place); 0 if `p` is
@@ -110,33 +332,5 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             return 0;
         }
         locate(chunk, addr).map_or(0, |(_, class, _)| class.size())
-    }
-
-    /// Retire `bin` if it is still empty (INV(UA4)): take its slots' units back from the
-    /// semaphore, then `used` 0 → RETIRED, then unlink. Spins while the units are out with
-    /// waiters that have not claimed yet: by INV(UA2) they must claim in this bin (ending the
-    /// attempt) unless frees bring the units back, so the loop ends; it never holds a lock.
-    /// Called inside a read section of the arena.
-    #[cold]
-    #[inline(never)]
-    fn free_slow_retire(arena: &Arena, class: SizeClass, bin: &BinHeader) -> bool {
-        let slots = &arena.class(class).slots.0;
-        let mut backoff = Backoff::new();
-        loop {
-            if bin.used_word() != 0 {
-                // Claimed again (its free retries) or retired by another free.
-                return false;
-            }
-            if slots.try_wait(class.slots()) {
-                if bin.try_retire() {
-                    // INV(UA7): RETIRED → unlinked.
-                    sync_listing(arena, class, bin);
-                    return true;
-                }
-                slots.release(class.slots());
-                return false;
-            }
-            backoff.snooze();
-        }
     }
 }

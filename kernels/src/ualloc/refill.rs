@@ -5,7 +5,8 @@ use crate::bulk_semaphore::Wait;
 use crate::collective::Group;
 use crate::platform::Backoff;
 use crate::size_class::{BinKind, SizeClass};
-use crate::ualloc::arena::{ChunkList, bin_at, chunk_at};
+use crate::ualloc::alloc::sync_listing;
+use crate::ualloc::arena::{Arena, ChunkList, bin_at, chunk_at};
 use crate::ualloc::bin::BinHeader;
 use crate::ualloc::chunk::{ChunkHeader, bin_offset, bins_per_chunk, chunk_base};
 use crate::ualloc::layout::CHUNK_SIZE;
@@ -34,6 +35,47 @@ fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, usize) {
         rank -= n;
         at = chunk.next.load_relaxed();
     }
+}
+
+/// Steps a trim takes along one bin list before it stops (a list that bins keep rejoining
+/// under it could otherwise be walked forever); far more bins than an arena's class holds.
+const TRIM_SCAN_LIMIT: u32 = 1 << 20;
+
+/// Retire every empty bin on `class`'s list in `arena`: take its slots' units back from the
+/// semaphore, mark it retired (`used` 0 → RETIRED, INV(UA4)), unlink it and queue its return
+/// to the chunk. One attempt per bin, never a wait: a bin whose units are out with waiters
+/// that have not claimed yet is left for the next trim. Returns the bins retired; their
+/// returns run after the arena's next grace period.
+fn retire_empty_bins(arena: &Arena, class: SizeClass) -> u32 {
+    let list = &arena.class(class).list.0;
+    let slots = &arena.class(class).slots.0;
+    let reader = arena.rcu.read_lock();
+    // Acquire: pairs with the release in `BinList::push_locked`/`unlink_locked`.
+    let mut at = list.head.load_acquire();
+    let (mut steps, mut retired) = (0, 0);
+    while at != 0 && steps < TRIM_SCAN_LIMIT {
+        steps += 1;
+        // SAFETY: INV(UA7)/INV(RCU1): reached from the list inside the read section.
+        let bin = unsafe { bin_at(at) };
+        // Acquire: pairs with the release stores that linked the next bin. An unlinked bin
+        // keeps its `next`, so the walk goes on after a retirement.
+        at = bin.next.load_acquire();
+        if bin.used_word() != 0 || !slots.try_wait(class.slots()) {
+            continue;
+        }
+        if bin.try_retire() {
+            // INV(UA7): RETIRED → unlinked.
+            sync_listing(arena, class, bin);
+            // SAFETY: INV(UA4): retired and unlinked; the header stays valid until the
+            // callback returns the bin to its chunk, and a bin is retired once per carving.
+            unsafe { arena.rcu.call_rcu(&bin.rcu) };
+            retired += 1;
+        } else {
+            slots.release(class.slots());
+        }
+    }
+    drop(reader);
+    retired
 }
 
 impl<S: ChunkSource> UAlloc<'_, S> {
@@ -73,20 +115,39 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         Some(addr)
     }
 
-    /// Run the RCU barriers of every arena that has deferred returns queued, so that retired
-    /// bins are back in their chunks and idle chunks back in the source. Returns whether any
-    /// arena had work queued. Must not be called inside a read section.
+    /// Bins and chunks that could come back: [`trim`](Self::trim), and whether it did
+    /// anything. Must not be called inside a read section.
     #[cold]
     #[inline(never)]
     fn reclaim(&self) -> bool {
-        let mut any = false;
+        self.trim() > 0
+    }
+
+    /// Give back what UAlloc holds but does not use: every empty bin of every arena goes back
+    /// to its chunk, and every chunk left with no carved bin goes back to the source, each
+    /// after its grace period (INV(UA4), INV(UA11)). Returns the bins retired plus the arenas
+    /// whose deferred returns it ran. Safe alongside `malloc` and `free` (a bin claimed
+    /// meanwhile is kept); an arena another thread is trimming is skipped. `malloc` runs it
+    /// before it reports out of memory; the host runs it through `toga_trim`. Must not be
+    /// called inside a read section.
+    #[cold]
+    #[inline(never)]
+    pub fn trim(&self) -> u32 {
+        let mut done = 0;
         for arena in self.arenas {
-            if !arena.rcu.is_idle() {
-                any = true;
-                arena.rcu.barrier(|head| self.run_callback(head));
+            if !arena.trimming.0.try_acquire(1) {
+                continue;
             }
+            for class in SizeClass::ALL {
+                done += retire_empty_bins(arena, class);
+            }
+            if !arena.rcu.is_idle() {
+                arena.rcu.barrier(|head| self.run_callback(head));
+                done += 1;
+            }
+            arena.trimming.0.unlock();
         }
-        any
+        done
     }
 
     /// One fresh bin of `kind` for each lane that calls this now (collective over those
