@@ -1,48 +1,61 @@
 //! Scenario (c): 2^20 threads, one `malloc` each, sizes uniform over 16 – 4096 B (seeded), from a
-//! fresh heap; toga against CUDA's device malloc and the bump ceiling.
+//! fresh heap, then the kernel that frees those blocks, each timed as its own row; toga against
+//! the bump ceiling (which never frees). CUDA's device malloc is not run: 2^20 blocks of up to
+//! 4 KiB is far above `common::CUDA_MAX_BYTES`.
 
 mod common;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use toga::workload::{Allocator, MallocBench, uniform_sizes};
 
+/// The sizes' range, in bytes (inclusive), and the seed of their list.
+const MIN: u32 = 16;
+const MAX: u32 = 4096;
+const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+
 fn mixed(c: &mut Criterion) {
-    let Some(gpu) = common::gpu(common::THREADS, 4096) else {
+    let Some(gpu) = common::gpu(common::THREADS, MAX) else {
         return;
     };
-    let heap = (common::THREADS * 4096 * 2).min(gpu.free_memory().unwrap() / 3);
+    let heap = (common::THREADS * MAX as u64 * 2).min(gpu.free_memory().unwrap() / 3);
     let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
     let sizes = b
         .stream()
-        .clone_htod(&uniform_sizes(
-            common::THREADS,
-            16,
-            4096,
-            0x9E37_79B9_7F4A_7C15,
-        ))
+        .clone_htod(&uniform_sizes(common::THREADS, MIN, MAX, SEED))
         .expect("sizes");
+    let size_label = format!("{MIN}-{MAX}");
     let mut csv = common::Csv::new("c_mixed", &gpu);
     let mut g = common::group(c, "c_mixed");
     g.throughput(Throughput::Elements(common::THREADS));
-    // No CUDA malloc: 2^20 blocks of up to 4 KiB is far above `common::CUDA_MAX_BYTES`.
-    for alloc in [Allocator::Toga, Allocator::Bump] {
+    // Each iteration runs both kernels (`run_sizes`); a cell counts one of them.
+    let cells = [
+        (Allocator::Toga, "malloc"),
+        (Allocator::Toga, "free"),
+        (Allocator::Bump, "malloc"),
+    ];
+    for (alloc, metric) in cells {
         common::gpu_timed(
             &mut g,
-            format!("{}/fresh/malloc/16-4096", alloc.name()),
+            format!("{}/fresh/{metric}/{size_label}", alloc.name()),
             |iteration| {
                 let t = b.run_sizes(alloc, &sizes).expect("benchmark iteration");
+                let ms = if metric == "free" {
+                    t.free_ms
+                } else {
+                    t.malloc_ms
+                };
                 csv.row(
                     "c_mixed",
                     alloc.name(),
-                    "16-4096",
+                    &size_label,
                     common::THREADS,
                     "fresh",
-                    "malloc",
+                    metric,
                     iteration,
-                    t.malloc_ms,
+                    ms,
                     t.failed,
                 );
-                t.malloc_ms
+                ms
             },
         );
     }

@@ -16,10 +16,11 @@ if [ "${SANITIZE:-0}" = 1 ]; then
 fi
 t 120 platform "$b/tests/platform_gpu" --test-threads=1
 t 200 heap "$b/tests/heap_gpu" --test-threads=1
+t 200 fit "$b/tests/fit_gpu" --test-threads=1
 t 60 cli "$b/tests/cli" --test-threads=1
 t 30 example "$b/vec-kernel-example"
 t 90 stress "$b/host" --timeout 85
 t 90 bench "$b/host" bench --timeout 85
-t 120 scan "$b/host" scan --no-exhaust --sizes 16,64,256,1024,4096,65536 --timeout 115
-grep -hE "^test |test result|panicked|wrong sums" "$out"/{platform,heap,cli,example}.log
+[ "${SCAN:-1}" = 1 ] && t 120 scan "$b/host" scan --no-exhaust --sizes 16,64,256,1024,4096,65536 --timeout 115
+grep -hE "^test |test result|panicked|wrong sums" "$out"/{platform,heap,fit,cli,example}.log
 cat "$out/stress.log" "$out/bench.log"; grep -E "^ +[0-9]+ +1048576|did not" "$out/scan.log"

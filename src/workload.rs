@@ -25,6 +25,9 @@ pub struct Workloads {
     bump_malloc: CudaFunction,
     vec_push: CudaFunction,
     churn: CudaFunction,
+    churn_pairs: CudaFunction,
+    cuda_churn_pairs: CudaFunction,
+    bump_churn_pairs: CudaFunction,
     heap_probe: CudaFunction,
     malloc_sizes: CudaFunction,
     cuda_malloc_sizes: CudaFunction,
@@ -52,6 +55,20 @@ pub fn uniform_sizes(n: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
         .collect()
 }
 
+/// The smallest block the `*_churn_pairs` kernels take: they write its first and last 4-byte
+/// words.
+pub const CHURN_MIN_SIZE: u32 = 4;
+
+/// The `*_churn_pairs` kernels' contract: `CHURN_MIN_SIZE <= min <= max < u32::MAX`, two error
+/// words.
+fn check_churn_sizes((min, max): (u32, u32), errors: &CudaSlice<u64>) {
+    assert!(
+        CHURN_MIN_SIZE <= min && min <= max && max < u32::MAX,
+        "churn sizes {min}..={max} out of range"
+    );
+    assert!(errors.len() >= 2, "errors has two words");
+}
+
 /// GPU time of the work `f` enqueues on `stream`, by CUDA events, in milliseconds.
 pub fn time_ms(stream: &Arc<CudaStream>, f: impl FnOnce() -> Result<()>) -> Result<f32> {
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -75,6 +92,9 @@ impl Workloads {
             bump_malloc: gpu.function("bump_malloc")?,
             vec_push: gpu.function("toga_vec_push")?,
             churn: gpu.function("toga_churn")?,
+            churn_pairs: gpu.function("toga_churn_pairs")?,
+            cuda_churn_pairs: gpu.function("cuda_churn_pairs")?,
+            bump_churn_pairs: gpu.function("bump_churn_pairs")?,
             heap_probe: gpu.function("toga_heap_probe")?,
             malloc_sizes: gpu.function("toga_malloc_sizes")?,
             cuda_malloc_sizes: gpu.function("cuda_malloc_sizes")?,
@@ -337,6 +357,103 @@ impl Workloads {
         Ok(())
     }
 
+    /// `n` threads each do `rounds` × (`malloc` a size in `[min, max]`, write and read back its
+    /// first and last words, `free`); words read back wrong to `errors[0]`, failed allocations
+    /// to `errors[1]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn churn_pairs(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        n: u64,
+        rounds: u32,
+        seed: u32,
+        sizes: (u32, u32),
+        errors: &mut CudaSlice<u64>,
+    ) -> Result<()> {
+        check_churn_sizes(sizes, errors);
+        // SAFETY: `errors` has two words; the sizes are in the kernel's range (checked above).
+        unsafe {
+            stream
+                .launch_builder(&self.churn_pairs)
+                .arg(&heap.base())
+                .arg(&n)
+                .arg(&rounds)
+                .arg(&seed)
+                .arg(&sizes.0)
+                .arg(&sizes.1)
+                .arg(errors)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Baseline: [`Workloads::churn_pairs`] with CUDA's device `malloc` and `free` (the
+    /// context's heap limit must have been raised with [`crate::GpuOptions::cuda_malloc_heap`]).
+    pub fn cuda_churn_pairs(
+        &self,
+        stream: &Arc<CudaStream>,
+        n: u64,
+        rounds: u32,
+        seed: u32,
+        sizes: (u32, u32),
+        errors: &mut CudaSlice<u64>,
+    ) -> Result<()> {
+        check_churn_sizes(sizes, errors);
+        // SAFETY: as for `churn_pairs`.
+        unsafe {
+            stream
+                .launch_builder(&self.cuda_churn_pairs)
+                .arg(&n)
+                .arg(&rounds)
+                .arg(&seed)
+                .arg(&sizes.0)
+                .arg(&sizes.1)
+                .arg(errors)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
+    /// Baseline: [`Workloads::churn_pairs`] with the bump allocator, whose offsets (from
+    /// `bump[0]`) wrap around the first `ring_bytes` of `ring`; `free` is a no-op.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bump_churn_pairs(
+        &self,
+        stream: &Arc<CudaStream>,
+        n: u64,
+        rounds: u32,
+        seed: u32,
+        sizes: (u32, u32),
+        bump: &mut CudaSlice<u64>,
+        ring: &mut CudaSlice<u8>,
+        ring_bytes: u64,
+        errors: &mut CudaSlice<u64>,
+    ) -> Result<()> {
+        check_churn_sizes(sizes, errors);
+        assert!(
+            ring_bytes.is_power_of_two() && ring.len() as u64 >= ring_bytes + sizes.1 as u64,
+            "the ring must be a power of two with room for one largest block past its end"
+        );
+        assert!(!bump.is_empty(), "bump has one word");
+        // SAFETY: as for `churn_pairs`; `bump` has a word and `ring` the bytes checked above.
+        unsafe {
+            stream
+                .launch_builder(&self.bump_churn_pairs)
+                .arg(&n)
+                .arg(&rounds)
+                .arg(&seed)
+                .arg(&sizes.0)
+                .arg(&sizes.1)
+                .arg(bump)
+                .arg(ring)
+                .arg(&ring_bytes)
+                .arg(errors)
+                .launch(launch_config(n))?;
+        }
+        Ok(())
+    }
+
     /// Whole-heap check of a quiescent heap (synchronizes `stream`).
     pub fn probe(&self, stream: &Arc<CudaStream>, heap: &Heap) -> Result<Probe> {
         let mut out = stream.alloc_zeros::<u64>(2)?;
@@ -436,13 +553,35 @@ impl MallocBench {
     /// One iteration: set up `state`, time the malloc kernel, time the free kernel.
     pub fn run(&mut self, alloc: Allocator, size: u32, state: HeapState) -> Result<Timing> {
         let s = self.stream.clone();
-        let (malloc_ms, free_ms) = match alloc {
+        match alloc {
             Allocator::Toga => {
                 self.heap.reset(&s)?;
                 if state == HeapState::Warm {
                     self.w.malloc(&s, &self.heap, &mut self.ptrs, size)?;
                     self.w.free(&s, &self.heap, &self.ptrs)?;
                 }
+            }
+            Allocator::CudaMalloc => {
+                if state == HeapState::Warm {
+                    self.w.cuda_malloc(&s, &mut self.ptrs, size)?;
+                    self.w.cuda_free(&s, &self.ptrs)?;
+                }
+            }
+            // No state: every iteration starts at offset 0.
+            Allocator::Bump => {}
+        }
+        self.run_steady(alloc, size)
+    }
+
+    /// One iteration on the heap as the iterations before it left it, with no reset: time the
+    /// malloc kernel, then the free kernel (toga and CUDA's malloc; the bump allocator starts
+    /// from offset 0 as in [`MallocBench::run`] and never frees). After a [`MallocBench::run`]
+    /// of the same allocator and size, this is a launch on a warm heap: one that has served and
+    /// freed this size class before.
+    pub fn run_steady(&mut self, alloc: Allocator, size: u32) -> Result<Timing> {
+        let s = self.stream.clone();
+        let (malloc_ms, free_ms) = match alloc {
+            Allocator::Toga => {
                 let m = time_ms(&s, || self.w.malloc(&s, &self.heap, &mut self.ptrs, size))?;
                 let failed = self.failed()?;
                 let f = time_ms(&s, || self.w.free(&s, &self.heap, &self.ptrs))?;
@@ -453,10 +592,6 @@ impl MallocBench {
                 });
             }
             Allocator::CudaMalloc => {
-                if state == HeapState::Warm {
-                    self.w.cuda_malloc(&s, &mut self.ptrs, size)?;
-                    self.w.cuda_free(&s, &self.ptrs)?;
-                }
                 let m = time_ms(&s, || self.w.cuda_malloc(&s, &mut self.ptrs, size))?;
                 let failed = self.failed()?;
                 let f = time_ms(&s, || self.w.cuda_free(&s, &self.ptrs))?;
@@ -556,5 +691,121 @@ impl MallocBench {
             .iter()
             .filter(|&&p| p == 0)
             .count() as u64)
+    }
+}
+
+/// Bytes of the ring the bump baseline of [`ChurnBench`] hands out (offsets wrap around it): far
+/// more than the threads of one launch hold live at once, so a block is not handed out again
+/// while its owner still reads it, and small enough to keep beside a heap.
+pub const BUMP_RING_BYTES: u64 = 256 << 20;
+
+/// GPU time and checks of one churn kernel.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChurnTiming {
+    /// The timed kernel: every thread does all its rounds.
+    pub ms: f32,
+    /// `malloc`s that returned null, in the warm-up round and the timed kernel.
+    pub failed: u64,
+    /// Words read back wrong, in the warm-up round and the timed kernel (0 unless blocks
+    /// overlap).
+    pub corrupted: u64,
+}
+
+/// Runs "every thread does `rounds` × (malloc, write, free)" ([`Workloads::churn_pairs`]) for
+/// each allocator.
+pub struct ChurnBench {
+    stream: Arc<CudaStream>,
+    heap: Heap,
+    w: Workloads,
+    threads: u64,
+    errors: CudaSlice<u64>,
+    bump: CudaSlice<u64>,
+    /// The bump baseline's ring ([`BUMP_RING_BYTES`] and room for one block past it), made on
+    /// its first run.
+    ring: Option<CudaSlice<u8>>,
+}
+
+impl ChurnBench {
+    /// `threads` threads per kernel over a toga heap of `heap_bytes`. For the CUDA baseline,
+    /// `gpu` must have been opened with [`crate::GpuOptions::cuda_malloc_heap`] large enough.
+    pub fn new(gpu: &Gpu, threads: u64, heap_bytes: u64) -> Result<Self> {
+        let stream = gpu.default_stream();
+        Ok(Self {
+            heap: Heap::new(gpu, &stream, heap_bytes)?,
+            w: Workloads::new(gpu)?,
+            threads,
+            errors: stream.alloc_zeros::<u64>(2)?,
+            bump: stream.alloc_zeros::<u64>(1)?,
+            ring: None,
+            stream,
+        })
+    }
+
+    /// Threads per kernel.
+    pub fn threads(&self) -> u64 {
+        self.threads
+    }
+
+    /// One iteration of `rounds` rounds with sizes in `sizes` (inclusive), the same sizes for
+    /// every allocator (`seed`). toga: reset the heap, warm it with one round of the same kernel
+    /// (untimed), time the kernel. CUDA's malloc: a warm-up round, then the timed kernel. Bump:
+    /// the timed kernel from offset 0.
+    pub fn run(
+        &mut self,
+        alloc: Allocator,
+        rounds: u32,
+        seed: u32,
+        sizes: (u32, u32),
+    ) -> Result<ChurnTiming> {
+        let s = self.stream.clone();
+        let n = self.threads;
+        s.memset_zeros(&mut self.errors)?;
+        let ms = match alloc {
+            Allocator::Toga => {
+                self.heap.reset(&s)?;
+                let (heap, errors) = (&self.heap, &mut self.errors);
+                self.w
+                    .churn_pairs(&s, heap, n, 1, seed, sizes, &mut *errors)?;
+                time_ms(&s, || {
+                    self.w.churn_pairs(&s, heap, n, rounds, seed, sizes, errors)
+                })?
+            }
+            Allocator::CudaMalloc => {
+                let errors = &mut self.errors;
+                self.w
+                    .cuda_churn_pairs(&s, n, 1, seed, sizes, &mut *errors)?;
+                time_ms(&s, || {
+                    self.w.cuda_churn_pairs(&s, n, rounds, seed, sizes, errors)
+                })?
+            }
+            Allocator::Bump => {
+                let ring_len = (BUMP_RING_BYTES + sizes.1 as u64) as usize;
+                if self.ring.as_ref().is_none_or(|r| r.len() < ring_len) {
+                    self.ring = Some(s.alloc_zeros::<u8>(ring_len)?);
+                }
+                let ring = self.ring.as_mut().expect("made above");
+                s.memset_zeros(&mut self.bump)?;
+                let (bump, errors) = (&mut self.bump, &mut self.errors);
+                time_ms(&s, || {
+                    self.w.bump_churn_pairs(
+                        &s,
+                        n,
+                        rounds,
+                        seed,
+                        sizes,
+                        bump,
+                        ring,
+                        BUMP_RING_BYTES,
+                        errors,
+                    )
+                })?
+            }
+        };
+        let errors = s.clone_dtoh(&self.errors)?;
+        Ok(ChurnTiming {
+            ms,
+            failed: errors[1],
+            corrupted: errors[0],
+        })
     }
 }

@@ -108,6 +108,8 @@ fn tbuddy_random_orders_fill_check_free_on_another_stream() {
         "corrupted patterns"
     );
     stream.wait(&other.record_event(None).unwrap()).unwrap();
+    // Empty bins stay with their class until a trim (docs/ualloc.md).
+    heap.trim(&stream).unwrap();
     let probe = w.probe(&stream, &heap).unwrap();
     assert_eq!(
         probe.free_bytes,
@@ -148,6 +150,8 @@ fn exactly_k_large_blocks_fit_and_the_rest_fail() {
             .unwrap();
         assert_eq!(stream.clone_dtoh(&errors).unwrap()[0], 0);
     }
+    // Empty bins stay with their class until a trim (docs/ualloc.md).
+    heap.trim(&stream).unwrap();
     assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, capacity);
 }
 
@@ -206,6 +210,8 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
         "high water {} for {expected_used} B used",
         s.used_high
     );
+    // Empty bins stay with their class until a trim (docs/ualloc.md).
+    heap.trim(&stream).unwrap();
     let probe = w.probe(&stream, &heap).unwrap();
     assert_eq!(probe.free_bytes, heap.capacity());
     assert!(probe.whole_heap_block);
@@ -235,6 +241,8 @@ fn two_streams_churn_concurrently_on_one_heap() {
     assert_eq!((s.live_blocks(), s.used_bytes), (0, 0), "{s:?}");
     assert_eq!(s.mallocs, s.frees);
     assert_eq!(s.failed_allocations, ra[1] + rb[1]);
+    // Empty bins stay with their class until a trim (docs/ualloc.md).
+    heap.trim(&stream).unwrap();
     assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, heap.capacity());
 }
 
@@ -281,6 +289,8 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
     w.check_free(&stream, &heap, &ptrs, &d_sizes, 6, true, &mut errors)
         .unwrap();
     assert_eq!(stream.clone_dtoh(&errors).unwrap()[0], 0);
+    // Empty bins stay with their class until a trim (docs/ualloc.md).
+    heap.trim(&stream).unwrap();
     assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, heap.capacity());
 }
 

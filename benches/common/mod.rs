@@ -2,7 +2,9 @@
 //! GPU time from CUDA events through `iter_custom`, and append every sample to a CSV.
 //!
 //! CSV rows go to `$TOGA_BENCH_CSV_DIR/<scenario>.csv` (default `target/toga-bench/`):
-//! `scenario,allocator,size,threads,state,metric,iteration,ms,failed,device`.
+//! `scenario,allocator,size,threads,state,metric,iteration,ms,failed,device,rounds`, where
+//! `rounds` is the number of `metric` operations each thread does in the timed kernel (1 but for
+//! churn), so the kernel does `threads × rounds` of them.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -24,16 +26,19 @@ pub const SIZES: [u32; 5] = [16, 64, 256, 1024, 4096];
 /// every size. The docs say which cells have no CUDA number.
 pub const CUDA_MAX_BYTES: u64 = (1 << 20) * 64;
 
+/// CUDA's own default device-malloc heap (8 MiB): [`gpu`] never sets the limit below it.
+pub const CUDA_DEFAULT_HEAP: u64 = 8 << 20;
+
 /// Whether a cell of `threads` allocations of up to `size` bytes is run for `alloc`.
 pub fn affordable(alloc: Allocator, threads: u64, size: u32) -> bool {
     alloc != Allocator::CudaMalloc || threads * size as u64 <= CUDA_MAX_BYTES
 }
 
-/// The GPU for benchmarks, with CUDA's malloc heap raised for `threads × largest` bytes; `None`
-/// (after saying so) when there is no GPU.
+/// The GPU for benchmarks, with CUDA's malloc heap raised for `threads × largest` bytes (and
+/// half again for its own overhead); `None` (after saying so) when there is no GPU.
 pub fn gpu(threads: u64, largest: u32) -> Option<Gpu> {
     let options = GpuOptions {
-        cuda_malloc_heap: Some((threads * largest as u64 * 3 / 2) as usize),
+        cuda_malloc_heap: Some((threads * largest as u64 * 3 / 2).max(CUDA_DEFAULT_HEAP) as usize),
     };
     match Gpu::open_with(0, &toga::kernels_ptx().expect("TOGA_PTX_FILE"), &options) {
         Ok(g) => Some(g),
@@ -64,6 +69,8 @@ pub fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTim
 pub struct Csv {
     file: std::fs::File,
     device: String,
+    /// Operations per thread in each timed kernel (the `rounds` column).
+    rounds: u32,
 }
 
 impl Csv {
@@ -82,14 +89,21 @@ impl Csv {
         if new {
             writeln!(
                 file,
-                "scenario,allocator,size,threads,state,metric,iteration,ms,failed,device"
+                "scenario,allocator,size,threads,state,metric,iteration,ms,failed,device,rounds"
             )
             .unwrap();
         }
         Self {
             file,
             device: gpu.info().name.replace(',', " "),
+            rounds: 1,
         }
+    }
+
+    /// Every row of this CSV is for kernels in which each thread does `rounds` operations.
+    pub fn with_rounds(mut self, rounds: u32) -> Self {
+        self.rounds = rounds;
+        self
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -107,8 +121,8 @@ impl Csv {
     ) {
         writeln!(
             self.file,
-            "{scenario},{alloc},{size},{threads},{state},{metric},{iteration},{ms},{failed},{}",
-            self.device
+            "{scenario},{alloc},{size},{threads},{state},{metric},{iteration},{ms},{failed},{},{}",
+            self.device, self.rounds
         )
         .unwrap();
     }
@@ -153,6 +167,47 @@ pub fn bench_malloc(
             &size.to_string(),
             threads,
             state_name(state),
+            metric,
+            iteration,
+            ms,
+            t.failed,
+        );
+        ms
+    });
+}
+
+/// Benchmark `metric` ("malloc" or "free") of `alloc` at `size`, one launch per iteration on the
+/// heap as the iterations before it left it ([`MallocBench::run_steady`]); the caller warms the
+/// heap first (a [`MallocBench::run`] in [`HeapState::Warm`]). Rows say `warm`.
+pub fn bench_steady(
+    g: &mut BenchmarkGroup<WallTime>,
+    b: &mut MallocBench,
+    csv: &mut Csv,
+    scenario: &str,
+    alloc: Allocator,
+    size: u32,
+    metric: &'static str,
+) {
+    let threads = b.threads();
+    if !affordable(alloc, threads, size) {
+        return;
+    }
+    let state = state_name(HeapState::Warm);
+    g.throughput(Throughput::Elements(threads));
+    let id = format!("{}/{state}/{metric}/{size}", alloc.name());
+    gpu_timed(g, id, |iteration| {
+        let t = b.run_steady(alloc, size).expect("benchmark iteration");
+        let ms = if metric == "free" {
+            t.free_ms
+        } else {
+            t.malloc_ms
+        };
+        csv.row(
+            scenario,
+            alloc.name(),
+            &size.to_string(),
+            threads,
+            state,
             metric,
             iteration,
             ms,

@@ -377,4 +377,5 @@ fn rustc_host(rustc: &OsString) -> Result<String, BuildError> {
         .unwrap_or_else(|| "x86_64-unknown-linux-gnu".into()))
 }
 
+pub mod budget;
 pub mod link;

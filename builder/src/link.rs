@@ -111,7 +111,15 @@ pub fn run(args: Vec<OsString>) -> Result<(), BuildError> {
             .arg("-o")
             .arg(&output),
         "llc",
-    )
+    )?;
+    // The register budget (budget.rs): kernels that call the allocator fit 1024-thread blocks.
+    let io = |error| BuildError::Io {
+        path: output.clone(),
+        error,
+    };
+    let text = std::fs::read_to_string(&output).map_err(io)?;
+    let (capped, _) = crate::budget::apply(&text, crate::budget::KERNEL_REGISTER_BUDGET);
+    std::fs::write(&output, capped).map_err(io)
 }
 
 fn extract_archives(

@@ -216,6 +216,8 @@ impl BulkSemaphore {
     /// state after our reservation, to decide on first. Spins only while promised refills
     /// cover every reservation, ours included (INV(SEM6)). The reservation is never dropped
     /// and retaken, so a refill that lands moves one waiter and not the whole crowd.
+    #[cold]
+    #[inline(never)]
     fn spin_reserved(&self, n: u32, batch: u32, mut word: u64) -> Wait {
         let need = n as i64;
         let take = c_units(n) + r_units(n);

@@ -4,7 +4,8 @@
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
 
 use toga_kernels::heap::{Geometry, Heap, HeapHeader, stat};
 use toga_kernels::pattern;
@@ -317,4 +318,164 @@ fn calloc_and_realloc_keep_contents() {
     }
     assert!(heap.calloc(usize::MAX, 2).is_null());
     assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+}
+
+/// `Heap::trim` in a loop while threads allocate and free blocks of every size (small ones from
+/// UAlloc, large ones from TBuddy, which are carved from the same pages as UAlloc's chunks):
+/// empty bins and chunks go back to the buddy tree under the threads' feet. Patterns are
+/// checked before every free and on kept blocks now and then (a chunk given back with a live
+/// block in it shows up as corruption), the oracle catches overlap, and at the end the
+/// statistics balance and a final trim leaves every page in the buddy tree.
+#[test]
+fn trim_races_mixed_mallocs_and_frees() {
+    const THREADS: usize = 3;
+    const STEPS: usize = 4000;
+    const MAX_LIVE: usize = 48;
+    let h = Arc::new(HostHeap::new(16 << 20, 2));
+    let oracle: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let trimmer = {
+        let (h, stop) = (h.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let heap = h.heap();
+            let (mut calls, mut work) = (0u64, 0u64);
+            while !stop.load(SeqCst) {
+                work += heap.trim() as u64;
+                calls += 1;
+            }
+            (calls, work)
+        })
+    };
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (h, oracle) = (h.clone(), oracle.clone());
+            std::thread::spawn(move || {
+                let heap = h.heap();
+                let mut rng = 0x7219_0000 ^ ((t as u64 + 1) * 0x9E37_79B9);
+                let mut live: Vec<(u64, u32, u64)> = Vec::new();
+                let free = |(p, size, owner): (u64, u32, u64)| {
+                    // SAFETY: a live block filled for `owner`.
+                    let bad = unsafe { pattern::check(p as *const u8, size as usize, owner, 2) };
+                    assert_eq!(bad, 0, "corrupted block at {p:#x}+{size}");
+                    oracle.lock().unwrap().remove(&p).expect("unknown block");
+                    // SAFETY: live block of this heap, freed once.
+                    unsafe { heap.free(p as *mut u8) };
+                };
+                for step in 0..STEPS {
+                    let r = xorshift(&mut rng);
+                    if live.len() >= MAX_LIVE || (r.is_multiple_of(3) && !live.is_empty()) {
+                        // Empty the list now and then, so bins go empty and get trimmed.
+                        if r.is_multiple_of(17) {
+                            live.drain(..).for_each(free);
+                        } else {
+                            free(live.swap_remove((r as usize / 3) % live.len()));
+                        }
+                        continue;
+                    }
+                    let size = match r % 16 {
+                        0 => 4097 + (r >> 20) % (32 << 10),
+                        1..=5 => 1 + (r >> 20) % 128,
+                        _ => 1 + (r >> 20) % MAX_SMALL_SIZE as u64,
+                    } as u32;
+                    let p = heap.malloc(size as usize) as u64;
+                    assert_ne!(p, 0, "malloc({size}) failed on a heap with room");
+                    let owner = (t * STEPS + step) as u64;
+                    {
+                        let mut o = oracle.lock().unwrap();
+                        if let Some((&q, &len)) = o.range(..=p).next_back() {
+                            assert!(q + len <= p, "{p:#x} overlaps the live block {q:#x}+{len}");
+                        }
+                        if let Some((&q, _)) = o.range(p..).next() {
+                            assert!(p + size as u64 <= q, "{p:#x}+{size} overlaps {q:#x}");
+                        }
+                        o.insert(p, size as u64);
+                    }
+                    // SAFETY: `p` holds `size` bytes.
+                    unsafe { pattern::fill(p as *mut u8, size as usize, owner, 2) };
+                    live.push((p, size, owner));
+                    if step % 128 == 0 {
+                        for &(q, len, owner) in &live {
+                            // SAFETY: live blocks.
+                            let bad =
+                                unsafe { pattern::check(q as *const u8, len as usize, owner, 2) };
+                            assert_eq!(bad, 0, "kept block at {q:#x}+{len} corrupted");
+                        }
+                    }
+                }
+                live.drain(..).for_each(free);
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|j| j.join().unwrap());
+    stop.store(true, SeqCst);
+    let (calls, work) = trimmer.join().unwrap();
+    assert!(oracle.lock().unwrap().is_empty());
+    assert!(work > 0, "trim found nothing to give back in {calls} calls");
+    assert_eq!(h.stat(stat::MALLOCS), h.stat(stat::FREES));
+    assert_eq!(h.stat(stat::FAILED), 0);
+    assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+    assert_eq!(h.stat(stat::DOUBLE_FREES) + h.stat(stat::INVALID_FREES), 0);
+    let heap = h.heap();
+    heap.trim();
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
+}
+
+/// Threads that each ask for a large block at once, after small blocks filled the heap and
+/// were freed without a trim: every request fits, so every one must succeed (each runs a trim
+/// when the buddy tree is out of pages). Fails on 8ceb2b2: a thread whose `trim` finds the
+/// arenas being trimmed by another skips them, gets 0, and `alloc_large` returns null while
+/// the other thread's trim is handing the chunks back.
+#[test]
+fn concurrent_large_mallocs_after_small_frees_succeed() {
+    const THREADS: usize = 3;
+    const ROUNDS: usize = 20;
+    let h = Arc::new(HostHeap::new(4 << 20, 2));
+    let mut failures = Vec::new();
+    for round in 0..ROUNDS {
+        let heap = h.heap();
+        let mut blocks = Vec::new();
+        loop {
+            let p = heap.malloc(64);
+            if p.is_null() {
+                break;
+            }
+            blocks.push(p);
+        }
+        for p in blocks {
+            // SAFETY: live blocks, freed once.
+            unsafe { heap.free(p) };
+        }
+        // A quarter of the heap each: three fit with room to spare.
+        let size = (h.geometry.pages as usize * 4096) / 4;
+        let start = Arc::new(Barrier::new(THREADS));
+        let got: Vec<u64> = (0..THREADS)
+            .map(|_| {
+                let (h, start) = (h.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    h.heap().malloc(size) as u64
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|j| j.join().unwrap())
+            .collect();
+        for (t, &p) in got.iter().enumerate() {
+            if p == 0 {
+                failures.push((round, t));
+            } else {
+                // SAFETY: a live block, freed once.
+                unsafe { heap.free(p as *mut u8) };
+            }
+        }
+    }
+    let heap = h.heap();
+    heap.trim();
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
+    assert!(
+        failures.is_empty(),
+        "large mallocs failed with the memory free: (round, thread) {failures:?}"
+    );
 }

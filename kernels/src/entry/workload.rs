@@ -297,6 +297,170 @@ pub unsafe extern "ptx-kernel" fn toga_churn(
     count_error(errors, 1, failed);
 }
 
+/// Spreads consecutive thread ids over the xorshift state (2^64 / φ, odd).
+const SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+/// Bytes the bump baseline rounds every block up to, so its blocks are aligned as toga's are.
+const BUMP_ALIGN: u64 = 16;
+/// Bytes of a pattern word the `*_churn_pairs` kernels write.
+const CHURN_WORD: usize = size_of::<u32>();
+
+/// The loop of the `*_churn_pairs` kernels for thread `i`: `rounds` times, `malloc` a size drawn
+/// uniformly from `[min, max]` (a seeded xorshift per thread: the same sizes for every allocator),
+/// write the block's first and last 4-byte words, read them back, `free` it. Returns (words read
+/// back wrong, failed mallocs).
+///
+/// `malloc` returns null or a block of at least the size asked, 4-byte aligned; `free` is given
+/// each block `malloc` returned exactly once. The caller guarantees `CHURN_WORD <= min <= max <
+/// u32::MAX`.
+#[inline(always)]
+fn churn_pairs_loop(
+    i: u64,
+    rounds: u32,
+    seed: u32,
+    (min, max): (u32, u32),
+    mut malloc: impl FnMut(usize) -> *mut u8,
+    mut free: impl FnMut(*mut u8),
+) -> (u64, u64) {
+    let mut rng = (i ^ (seed as u64) << 32).wrapping_mul(SEED_MIX) | 1;
+    let span = (max - min + 1) as u64;
+    let (mut bad, mut failed) = (0, 0);
+    for round in 0..rounds {
+        // xorshift64 (Marsaglia's 13, 7, 17), as `toga_churn` and the host's `uniform_sizes`.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let size = min as usize + ((rng >> 32) % span) as usize;
+        let p = malloc(size);
+        if p.is_null() {
+            failed += 1;
+            continue;
+        }
+        let words = p as *mut u32;
+        let last = size / CHURN_WORD - 1;
+        let (first_word, last_word) = (pattern::word(i, round, 0), pattern::word(i, round, last));
+        // SAFETY: `p` holds `size` ≥ `CHURN_WORD` bytes, 4-byte aligned (`malloc`'s contract),
+        // so words 0 and `last` are inside it.
+        unsafe {
+            words.write_volatile(first_word);
+            words.add(last).write_volatile(last_word);
+            bad += (words.read_volatile() != first_word) as u64;
+            bad += (words.add(last).read_volatile() != last_word) as u64;
+        }
+        free(p);
+    }
+    (bad, failed)
+}
+
+/// Benchmark (churn of malloc/free pairs): each of `n` threads, `rounds` times, `malloc`s a size
+/// in `[min, max]`, writes and reads back its first and last words, and `free`s it: one live
+/// block per thread at a time. `errors[0]`: words read back wrong; `errors[1]`: failed mallocs.
+///
+/// # Safety
+/// `errors` has two words; `4 <= min <= max < u32::MAX`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_churn_pairs(
+    base: *mut u8,
+    n: u64,
+    rounds: u32,
+    seed: u32,
+    min: u32,
+    max: u32,
+    errors: *const Atomic64,
+) {
+    let i = tid();
+    if (i as u64) >= n {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let heap = unsafe { Heap::from_base(base) };
+    let (bad, failed) = churn_pairs_loop(
+        i as u64,
+        rounds,
+        seed,
+        (min, max),
+        |size| heap.malloc(size),
+        // SAFETY: `churn_pairs_loop` frees each block this heap's `malloc` gave it, once.
+        |p| unsafe { heap.free(p) },
+    );
+    count_error(errors, 0, bad);
+    count_error(errors, 1, failed);
+}
+
+/// Baseline of `toga_churn_pairs` with CUDA's device `malloc` and `free`: the same sizes, writes
+/// and counts.
+///
+/// # Safety
+/// As `toga_churn_pairs`; the context's malloc heap limit was raised before loading.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn cuda_churn_pairs(
+    n: u64,
+    rounds: u32,
+    seed: u32,
+    min: u32,
+    max: u32,
+    errors: *const Atomic64,
+) {
+    let i = tid();
+    if (i as u64) >= n {
+        return;
+    }
+    let (bad, failed) = churn_pairs_loop(
+        i as u64,
+        rounds,
+        seed,
+        (min, max),
+        // SAFETY: CUDA's device malloc may be called from any thread.
+        |size| unsafe { nvptx::malloc(size) as *mut u8 },
+        // SAFETY: `churn_pairs_loop` frees each block CUDA's `malloc` gave it, once.
+        |p| unsafe { nvptx::free(p as *mut core::ffi::c_void) },
+    );
+    count_error(errors, 0, bad);
+    count_error(errors, 1, failed);
+}
+
+/// Baseline of `toga_churn_pairs` with the bump allocator: `malloc` is one `atom.add` on
+/// `bump[0]`, its offset taken modulo `ring_bytes` into `ring`, and `free` does nothing: the same
+/// sizes, writes and atomics per pair with no reuse logic, the practical ceiling. A word read back
+/// wrong would mean a thread fell a whole ring behind between its write and its read.
+///
+/// # Safety
+/// As `toga_churn_pairs`; `bump` has one word; `ring_bytes` is a power of two and `ring` holds
+/// `ring_bytes + max` bytes (a block may start just below `ring_bytes`).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn bump_churn_pairs(
+    n: u64,
+    rounds: u32,
+    seed: u32,
+    min: u32,
+    max: u32,
+    bump: *const Atomic64,
+    ring: *mut u8,
+    ring_bytes: u64,
+    errors: *const Atomic64,
+) {
+    let i = tid();
+    if (i as u64) >= n {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let bump = unsafe { &*bump };
+    let (bad, failed) = churn_pairs_loop(
+        i as u64,
+        rounds,
+        seed,
+        (min, max),
+        |size| {
+            let size = (size as u64).div_ceil(BUMP_ALIGN) * BUMP_ALIGN;
+            let off = bump.fetch_add_relaxed(size) & (ring_bytes - 1);
+            // SAFETY: `off < ring_bytes`, and `ring` holds `ring_bytes + max` bytes.
+            unsafe { ring.add(off as usize) }
+        },
+        |_| {},
+    );
+    count_error(errors, 0, bad);
+    count_error(errors, 1, failed);
+}
+
 /// Whole-heap check, one thread, on a quiescent heap: `out[0]` = free bytes TBuddy holds,
 /// `out[1]` = 1 if a block of the tree's largest order could be taken (and it is given back).
 ///

@@ -91,7 +91,10 @@ impl<'x> ListClaimer<'x> {
         }
     }
 
-    /// Claim between 1 and `need` slots: `(bin address, word, bits)`.
+    /// Claim between 1 and `need` slots: `(bin address, word, bits)`. Out of line: the walk
+    /// is the bulk of malloc's code, and inlined into every caller it would cost each of them
+    /// its registers (docs/registers.md).
+    #[inline(never)]
     pub(crate) fn next(&mut self, need: u32) -> (u64, u32, u64) {
         let list = &self.arena.class(self.class).list.0;
         loop {
@@ -193,6 +196,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// A lane alone with its class: one `wait`, one claim, no collectives.
+    #[inline(never)]
     fn alloc_fast_single(&self, ai: usize, class: SizeClass) -> *mut u8 {
         let arena = &self.arenas[ai];
         match arena.class(class).slots.0.wait(1, class.slots()) {
@@ -212,6 +216,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// 64-bit word serves the whole group). Collective over `group` (collective.rs rules): the
     /// loop runs the same number of times on every lane because `assigned` only changes by
     /// broadcast values.
+    #[inline(never)]
     fn alloc_fast_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
         let arena = &self.arenas[ai];
         let k = group.size();

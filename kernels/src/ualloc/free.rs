@@ -274,7 +274,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             };
             // The group: every pointer not yet done that lies in the same word.
             let key = word_key(bin, slot);
-            let mut members = [0usize; 64];
+            let mut members = [(0usize, 0u32); 64];
             let mut k = 0;
             let mut bits = 0u64;
             for (j, &q) in ptrs.iter().enumerate().skip(i) {
@@ -286,7 +286,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     && c == class
                     && word_key(b, s) == key
                 {
-                    members[k] = j;
+                    members[k] = (j, s);
                     k += 1;
                     bits |= 1u64 << (s % WORD_BITS as u32);
                 }
@@ -294,11 +294,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             let old = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
             drop(reader);
             let mut seen = 0u64;
-            for &j in &members[..k] {
+            for &(j, s) in &members[..k] {
                 done[j] = true;
-                let a = ptrs[j] as usize;
-                out[j] = match (old, locate(chunk, a)) {
-                    (Some(old), Some((_, _, s))) => {
+                // The slot as located inside the read section: a trim may uncarve the bin now.
+                out[j] = match old {
+                    Some(old) => {
                         let bit = 1u64 << (s % WORD_BITS as u32);
                         let first = seen & bit == 0;
                         seen |= bit;

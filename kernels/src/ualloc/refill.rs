@@ -136,6 +136,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let mut done = 0;
         for arena in self.arenas {
             if !arena.trimming.0.try_acquire(1) {
+                // Another thread is trimming this arena: wait for it (its returns are what a
+                // caller out of memory is waiting for) and count that as progress.
+                arena.trimming.0.lock_single();
+                arena.trimming.0.unlock();
+                done += 1;
                 continue;
             }
             for class in SizeClass::ALL {

@@ -1,0 +1,52 @@
+//! Scenario (g): the latency of one small launch on a warm heap. 1,024 threads, one 16 B `malloc`
+//! each, every iteration one launch (then the kernel that frees those blocks) on the heap as the
+//! launches before it left it: a heap that has served and freed this size class and is not reset
+//! in between. toga against the bump ceiling and CUDA's device malloc (warm the same way), with
+//! toga's first launch on a fresh heap beside them; the free kernel of each warm launch is a row
+//! of its own.
+
+mod common;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use toga::workload::{Allocator, HeapState, MallocBench};
+
+const SCENARIO: &str = "g_warm_launch";
+/// Threads per launch: four 256-thread blocks, far fewer than the SMs.
+const THREADS: u64 = 1 << 10;
+/// Bytes per `malloc`.
+const SIZE: u32 = 16;
+/// toga's heap: as in the scaling scenario at this thread count.
+const HEAP_BYTES: u64 = 64 << 20;
+
+fn warm_launch(c: &mut Criterion) {
+    let Some(gpu) = common::gpu(THREADS, SIZE) else {
+        return;
+    };
+    let mut b = MallocBench::new(&gpu, THREADS, HEAP_BYTES).expect("bench setup");
+    let mut csv = common::Csv::new(SCENARIO, &gpu);
+    let mut g = common::group(c, SCENARIO);
+    // The first launch on a fresh heap, and the bump ceiling (no heap state).
+    for alloc in [Allocator::Toga, Allocator::Bump] {
+        common::bench_malloc(
+            &mut g,
+            &mut b,
+            &mut csv,
+            SCENARIO,
+            alloc,
+            SIZE,
+            HeapState::Fresh,
+            "malloc",
+        );
+    }
+    for alloc in [Allocator::Toga, Allocator::CudaMalloc] {
+        // Warm the heap: one malloc and free round of this size, untimed.
+        b.run(alloc, SIZE, HeapState::Warm).expect("warm-up");
+        for metric in ["malloc", "free"] {
+            common::bench_steady(&mut g, &mut b, &mut csv, SCENARIO, alloc, SIZE, metric);
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, warm_launch);
+criterion_main!(benches);
