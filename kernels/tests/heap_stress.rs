@@ -479,3 +479,45 @@ fn concurrent_large_mallocs_after_small_frees_succeed() {
         "large mallocs failed with the memory free: (round, thread) {failures:?}"
     );
 }
+
+/// The storm sequence of `host stress`: for each size in turn, threads on every "SM" allocate
+/// half the heap in blocks of that size, then free them all, with no trim in between. The
+/// empty bins each size leaves behind must not keep the next size from its half.
+#[test]
+fn size_storms_in_turn_each_get_half_the_heap() {
+    const THREADS: usize = 64;
+    let h = Arc::new(HostHeap::new(32 << 20, 8));
+    let data = h.geometry.pages * 4096;
+    for size in [16u64, 64, 256, 1024, 4096, 16384] {
+        let n = (data / 2 / size).min(1 << 20);
+        let per = n.div_ceil(THREADS as u64);
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let failed: u64 = (0..THREADS)
+            .map(|_| {
+                let (h, barrier) = (h.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let heap = h.heap();
+                    barrier.wait();
+                    let got: Vec<_> = (0..per).map(|_| heap.malloc(size as usize)).collect();
+                    barrier.wait();
+                    let failed = got.iter().filter(|p| p.is_null()).count() as u64;
+                    for p in got {
+                        // SAFETY: live blocks (or null), freed once.
+                        unsafe { heap.free(p) };
+                    }
+                    failed
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|j| j.join().unwrap())
+            .sum();
+        assert_eq!(
+            failed,
+            0,
+            "size {size}: {failed} of {} failed",
+            per * THREADS as u64
+        );
+    }
+    assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+}

@@ -31,7 +31,16 @@ fn claim_one(b: &BinHeader) -> Claim {
     b.claim(class(), 0, 1)
 }
 
-/// Two claimers race for the last free slot: exactly one gets it and sees the bin full.
+/// 1 if the claim reported a crossing of "full".
+fn resyncs(c: Claim) -> u32 {
+    match c {
+        Claim::Got { resync, .. } | Claim::NoneFree { resync } => resync as u32,
+        Claim::Retired => 0,
+    }
+}
+
+/// Two claimers race for the last free slot: exactly one gets it, and exactly one of the two
+/// counts crosses "full" (the one that must reconcile the listing, INV(UA7)).
 #[test]
 fn last_slot_goes_to_one_claimer() {
     loom::model(|| {
@@ -47,7 +56,11 @@ fn last_slot_goes_to_one_claimer() {
             .filter(|c| matches!(c, Claim::Got { .. }))
             .collect();
         assert_eq!(got.len(), 1, "{mine:?} {theirs:?}");
-        assert!(matches!(got[0], Claim::Got { now_full: true, .. }));
+        assert_eq!(
+            resyncs(mine) + resyncs(theirs),
+            1,
+            "one crossing: {mine:?} {theirs:?}"
+        );
         assert_eq!(b.used_word(), class().slots());
         assert_eq!(b.taken_slots(class()), class().slots());
     });
@@ -75,47 +88,49 @@ fn group_claims_are_disjoint() {
     });
 }
 
-/// A release of a full bin races a claim: the claim gets the freed slot or nothing, the
-/// release reports the bin was full, and `used` matches the bitmap.
+/// A release of a full bin races a claim: the claim gets the freed slot or nothing, `used`
+/// matches the bitmap, and the crossings the two report leave the bin listed exactly when it
+/// is not full (INV(UA7)).
 #[test]
 fn release_of_full_bin_races_claim() {
     loom::model(|| {
         let b = bin(class().slots());
+        let listing = Arc::new(Listing(Mutex::new(false)));
         let other = {
-            let b = b.clone();
-            thread::spawn(move || claim_one(&b))
+            let (b, listing) = (b.clone(), listing.clone());
+            thread::spawn(move || {
+                let c = claim_one(&b);
+                if resyncs(c) == 1 {
+                    listing.sync(&b);
+                }
+                c
+            })
         };
         let release = b.release(class(), 5);
-        match (release, other.join().unwrap()) {
-            // The claim took the freed slot after the release counted it: the bin went
-            // not-full and full again, and both saw their crossing (INV(UA7)).
-            (
-                Release::Freed { was_full: true, .. },
-                Claim::Got {
-                    word: 0,
-                    bits: 0b10_0000,
-                    now_full: true,
-                },
-            ) => {}
-            // The claim took and counted the slot between the release's two atomics: the
-            // count never crossed `slots`, and neither reports a crossing.
-            (
-                Release::Freed {
-                    was_full: false, ..
-                },
-                Claim::Got {
-                    word: 0,
-                    bits: 0b10_0000,
-                    now_full: false,
-                },
-            ) => {}
-            // The claim ran before the release, or missed the slot.
-            (Release::Freed { was_full: true, .. }, Claim::NoneFree) => {
-                assert_eq!(b.used_word(), class().slots() - 1)
-            }
-            other => panic!("unexpected {other:?}"),
+        if let Release::Freed { was_full: true, .. } = release {
+            listing.sync(&b);
         }
-        assert_eq!(b.used_word(), b.taken_slots(class()), "INV(UA3)");
+        let claim = other.join().unwrap();
+        assert!(matches!(release, Release::Freed { .. }), "{release:?}");
+        assert!(
+            matches!(
+                claim,
+                Claim::Got {
+                    word: 0,
+                    bits: 0b10_0000,
+                    ..
+                } | Claim::NoneFree { .. }
+            ),
+            "{claim:?}"
+        );
+        let used = class().slots() - 1 + got(claim).count_ones();
+        assert_eq!(b.used_word(), used);
+        assert_eq!(b.taken_slots(class()), used, "INV(UA3)");
+        assert_eq!(
+            *listing.0.lock().unwrap(),
+            used < class().slots(),
+            "INV(UA7): listed iff not full ({release:?}, {claim:?})"
+        );
     });
 }
 
@@ -148,7 +163,7 @@ fn retirement_races_claim() {
             Claim::Retired => {
                 assert!(retired, "the claim gave up on a bin that was not retired");
             }
-            Claim::NoneFree => panic!("31 free slots and none found"),
+            Claim::NoneFree { .. } => panic!("31 free slots and none found"),
         }
         if retired {
             assert_eq!(b.used_word(), USED_RETIRED);
@@ -193,24 +208,10 @@ fn got(c: Claim) -> u64 {
     }
 }
 
-/// What `free_group`/`free_bulk` do with a group of slots of word 0: one `release_many`, and
-/// when it was undone, each slot alone. Returns the slots this group freed.
+/// What `free_group`/`free_bulk` do with a group of slots of word 0: one `release_many`.
+/// Returns the slots this group freed.
 fn free_group(b: &BinHeader, bits: u64) -> u64 {
-    match b.release_many(class(), 0, bits) {
-        Some(r) => r.old & bits,
-        None => {
-            let mut freed = 0;
-            let mut rest = bits;
-            while rest != 0 {
-                let slot = rest.trailing_zeros();
-                if let Release::Freed { .. } = b.release(class(), slot) {
-                    freed |= 1 << slot;
-                }
-                rest &= rest - 1;
-            }
-            freed
-        }
-    }
+    b.release_many(class(), 0, bits).old & bits
 }
 
 /// The bin's list membership, reconciled as `sync_listing` does it (under a mutex, from the
@@ -237,17 +238,14 @@ fn release_many_of_two_bits_races_claim() {
             let (b, listing) = (b.clone(), listing.clone());
             thread::spawn(move || {
                 let c = b.claim(class(), 0, 2);
-                if let Claim::Got { now_full: true, .. } = c {
+                if resyncs(c) == 1 {
                     listing.sync(&b);
                 }
                 c
             })
         };
         let bits = 1 << 3 | 1 << 7;
-        // Both slots are live and counted, and the claim only adds to the count: never undone.
-        let r = b
-            .release_many(class(), 0, bits)
-            .expect("a release of live slots is never undone");
+        let r = b.release_many(class(), 0, bits);
         if r.was_full {
             listing.sync(&b);
         }
@@ -275,10 +273,7 @@ fn release_many_and_release_free_a_shared_slot_once() {
             let b = b.clone();
             thread::spawn(move || b.release(class(), 1))
         };
-        // No claim is in flight, so nothing is set without being counted: never undone.
-        let r = b
-            .release_many(class(), 0, 0b11)
-            .expect("a release with no claim in flight is never undone");
+        let r = b.release_many(class(), 0, 0b11);
         let single = other.join().unwrap();
         assert_ne!(r.old & 0b01, 0, "slot 0 was live");
         let by_group = r.old & 0b10 != 0;
@@ -314,9 +309,7 @@ fn release_many_races_retirement() {
                 (freed, b.try_retire())
             })
         };
-        let r = b
-            .release_many(class(), 0, 0b11)
-            .expect("a release with no claim in flight is never undone");
+        let r = b.release_many(class(), 0, 0b11);
         let mine = b.try_retire();
         // A double free of slot 0, on a bin that may be retired by now.
         let again = b.release(class(), 0);
@@ -353,16 +346,14 @@ fn trim_races_a_group_release_and_a_claim() {
             let b = b.clone();
             thread::spawn(move || claim_one(&b))
         };
-        let r = b
-            .release_many(class(), 0, 0b11)
-            .expect("a release with no double free in it is never undone");
+        let r = b.release_many(class(), 0, 0b11);
         let retired = trim.join().unwrap();
         let claim = claimer.join().unwrap();
         assert_eq!(r.old & 0b11, 0b11, "both slots were live");
         match claim {
             Claim::Got { .. } => assert!(!retired, "a retired bin handed out a slot"),
             Claim::Retired => assert!(retired, "a claim refused by a bin that is not retired"),
-            Claim::NoneFree => panic!("31 free slots and none found"),
+            Claim::NoneFree { .. } => panic!("31 free slots and none found"),
         }
         if retired {
             assert_eq!(b.used_word(), USED_RETIRED);
@@ -374,19 +365,10 @@ fn trim_races_a_group_release_and_a_claim() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A double free racing a claim of the same slot: the undo path of `release_many`.
-//
-// These models FAIL on the code of 8ceb2b2 and are ignored so the suite stays green; run them
-// with `-- --ignored`. The undo (`used += n`, then `bitmap |= freed`) is not atomic with the
-// release it undoes:
-// 1. While `used` is borrowed below 0 (into the RETIRED bit), a claimer's `fetch_add` sees the
-//    flag and gives its bit back with `fetch_and`; when that lands before the release's
-//    restoring `fetch_or`, the bit stays set with nobody counting it: `used` 0, one bit taken,
-//    and the claim reported `Retired` for a bin that is not.
-// 2. Between the release's `fetch_and` and its restoring `fetch_or`, the group's live slots
-//    look free: another claimer takes one, and the retry of the undone group (`free_single` of
-//    each lane) frees that slot again, under its new owner. A double free in a group then
-//    frees another thread's live block.
+// A double free racing a claim of the same slot. These failed on 8ceb2b2, whose release was
+// undone (`used += n`, then `bitmap |= freed`) when it found a bit set but not yet counted:
+// the undo could leave a bit set with nobody counting it, or free a slot again under its next
+// owner. Claims now count before they set bits (INV(UA3)), so a release is never undone.
 
 /// Whether every slot of `bits` (word 0) is taken in the bitmap.
 fn all_taken(b: &BinHeader, bits: u64) -> bool {
@@ -403,9 +385,7 @@ fn model_with_preemptions(bound: usize, f: impl Fn() + Sync + Send + 'static) {
 /// A double free of slot 0 races a claim of it on a bin whose count is 0 (one bit, as
 /// `free_single` issues it): whatever the order, `used` matches the bitmap afterwards
 /// (INV(UA3)), and the claimed slot is still taken unless the free said it freed it.
-/// Fails (1. above): `used` 0 with slot 0 taken, the claim `Retired`.
 #[test]
-#[ignore = "fails on 8ceb2b2: the undo of release_many leaves a bit set and uncounted (INV(UA3))"]
 fn double_free_racing_a_claim_of_the_slot_keeps_the_count() {
     model_with_preemptions(3, || {
         let b = bin(0);
@@ -428,9 +408,8 @@ fn double_free_racing_a_claim_of_the_slot_keeps_the_count() {
 /// A group frees its live slot 0 together with slot 1, which is already free (a double free
 /// in the group), while a claim takes slot 1: slot 0 is freed exactly once, the claimed slot
 /// stays taken unless the group reported freeing it, and `used` matches the bitmap
-/// (INV(UA3)). Fails (1. above) with `count < n` at a count of 1.
+/// (INV(UA3)).
 #[test]
-#[ignore = "fails on 8ceb2b2: the undo of release_many leaves a bit set and uncounted (INV(UA3))"]
 fn group_with_a_double_free_races_a_claim() {
     model_with_preemptions(3, || {
         let b = bin(1);
@@ -450,12 +429,10 @@ fn group_with_a_double_free_races_a_claim() {
 }
 
 /// As above, with a second claimer that may take the group's live slot 0 while the group's
-/// release is being undone: a slot freed once must not be freed again under its next owner.
-/// Only the innocent slot is checked (slot 1 is the misuse's own). Fails (2. above): the
-/// claimer that got slot 0 finds it free in the bitmap, the group having freed it twice.
+/// release is under way: a slot freed once must not be freed again under its next owner.
+/// Only the innocent slot is checked (slot 1 is the misuse's own).
 #[test]
-#[ignore = "fails on 8ceb2b2: an undone group release frees another claimer's slot again"]
-fn undone_group_release_leaves_other_claims_alone() {
+fn group_with_a_double_free_leaves_other_claims_alone() {
     model_with_preemptions(3, || {
         let b = bin(1);
         let claimers: Vec<_> = (0..2)

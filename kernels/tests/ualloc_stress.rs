@@ -750,7 +750,17 @@ enum Entry {
 /// held. Every malloc of the test holds its arena's lock (claims in an arena come only from
 /// mallocs of that arena), so a block in the set is free until the holder lets go; without
 /// this a "double free" could free a block another thread was just handed.
-type FreeSets = Arc<Vec<Mutex<BTreeSet<usize>>>>;
+type FreeSets = Arc<Vec<Mutex<StaleSet>>>;
+
+/// One arena's free blocks, and how often each block was handed out (under the arena's lock).
+/// A freed block joins `free` only if nobody claimed it since its owner read its count: its
+/// shadow entry goes before the free itself, so "not in the shadow" alone could admit a block
+/// that another thread is about to free but still owns.
+#[derive(Default)]
+struct StaleSet {
+    free: BTreeSet<usize>,
+    claims: HashMap<usize, u64>,
+}
 
 /// Bounds the free sets (any subset of the free blocks will do).
 const STALE_KEEP: usize = 256;
@@ -803,7 +813,8 @@ impl BulkWorker {
             );
         }
         for &p in &out {
-            set.remove(&(p as usize));
+            set.free.remove(&(p as usize));
+            *set.claims.entry(p as usize).or_default() += 1;
             adopt_block(&self.ua, &self.shadow, p, size, tag);
             self.live.push(Block {
                 p: p as usize,
@@ -868,6 +879,14 @@ impl BulkWorker {
         if live.is_empty() {
             return;
         }
+        // The blocks are ours until the free below: nobody can claim them meanwhile.
+        let claims_at_free: Vec<u64> = live
+            .iter()
+            .map(|b| {
+                let set = self.free_sets[b.arena].lock().unwrap();
+                set.claims.get(&b.p).copied().unwrap_or(0)
+            })
+            .collect();
         let live_in_batch = live.len();
         for _ in 0..self.rng.below(4) {
             let e = batch[self.rng.below(live_in_batch as u64) as usize];
@@ -882,11 +901,12 @@ impl BulkWorker {
         let stale_arena = self.rng.below(self.free_sets.len() as u64) as usize;
         let free_sets = self.free_sets.clone();
         let set = free_sets[stale_arena].lock().unwrap();
-        if !set.is_empty() {
+        if !set.free.is_empty() {
             for _ in 0..self.rng.below(4) {
                 let p = *set
+                    .free
                     .iter()
-                    .nth(self.rng.below(set.len() as u64) as usize)
+                    .nth(self.rng.below(set.free.len() as u64) as usize)
                     .unwrap();
                 batch.push(Entry::Stale(p));
                 if self.rng.below(4) == 0 {
@@ -946,11 +966,11 @@ impl BulkWorker {
         );
         self.counts.batches += 1;
         // The blocks just freed are free until a malloc of their arena takes one; a block
-        // that is live again (in the shadow) was taken already.
-        for b in live {
+        // claimed since we read its count was taken already.
+        for (b, claims) in live.iter().zip(claims_at_free) {
             let mut set = self.free_sets[b.arena].lock().unwrap();
-            if set.len() < STALE_KEEP && !self.shadow.contains(b.p) {
-                set.insert(b.p);
+            if set.free.len() < STALE_KEEP && set.claims.get(&b.p).copied().unwrap_or(0) == claims {
+                set.free.insert(b.p);
             }
         }
     }
@@ -961,7 +981,6 @@ impl BulkWorker {
 /// freed before, foreign pointers and blocks other threads allocated: every outcome is exact,
 /// frees balance mallocs class by class, and after a trim every chunk is back.
 #[test]
-#[ignore = "flaky in debug builds: a stale pointer was reported Freed (open race, see docs/ualloc.md)"]
 fn bulk_frees_mix_every_kind_of_pointer() {
     with_deadline(|| {
         const THREADS: usize = 4;
@@ -1078,7 +1097,7 @@ fn bulk_frees_mix_every_kind_of_pointer() {
         // The chunks are back in the source (scribbled): freed blocks are foreign now.
         let stale: Vec<*mut u8> = free_sets
             .iter()
-            .flat_map(|s| s.lock().unwrap().iter().copied().collect::<Vec<_>>())
+            .flat_map(|s| s.lock().unwrap().free.iter().copied().collect::<Vec<_>>())
             .take(64)
             .map(|p| p as *mut u8)
             .collect();

@@ -116,18 +116,21 @@ impl<'x> ListClaimer<'x> {
             let bin = unsafe { bin_at(self.cursor) };
             debug_assert_eq!(bin.class(), Some(self.class));
             match bin.claim(self.class, self.start_word, need) {
-                Claim::Got {
-                    word,
-                    bits,
-                    now_full,
-                } => {
-                    if now_full {
+                Claim::Got { word, bits, resync } => {
+                    if resync {
                         sync_listing(self.arena, self.class, bin);
                     }
                     // Stay on this bin: it may have more for the rest of the group.
                     return (self.cursor, word, bits);
                 }
-                Claim::NoneFree | Claim::Retired => {
+                Claim::NoneFree { resync } => {
+                    if resync {
+                        sync_listing(self.arena, self.class, bin);
+                    }
+                    // Acquire: pairs with the release stores that linked the next bin.
+                    self.cursor = bin.next.load_acquire();
+                }
+                Claim::Retired => {
                     // Acquire: pairs with the release stores that linked the next bin.
                     self.cursor = bin.next.load_acquire();
                 }

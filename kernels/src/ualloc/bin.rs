@@ -9,20 +9,27 @@
 //! ```
 //!
 //! Claiming is two-stage (the bulk semaphore of the class already guaranteed that a free slot
-//! exists somewhere in the arena's list): a claimer `fetch_or`s up to 32 free bits of one word
-//! (one atomic for a whole warp), then adds what it got to `used`. Releasing clears the bit,
-//! then decrements `used`. So the bitmap is the truth about slots and `used` lags it:
-//! INV(UA3): `count(used) == popcount(taken slot bits)` whenever no claim or release is between
-//! its two atomics. In between the count may be above the truth (a release cleared its bit, a
-//! claimer took and counted it, the release has not decremented yet) or below it, so "full"
-//! and "empty" are detected as crossings of the count (`old < slots <= new`, `old == slots`,
-//! `old == 1`), each crossing reconciled under the list mutex (INV(UA7)). A live release never
-//! sees a count of 0: its own slot's claim was counted before the slot was handed out.
+//! exists somewhere in the arena's list): a claimer first counts what it wants in `used`, then
+//! `fetch_or`s up to 32 free bits of one word (one atomic for a whole warp), and gives back the
+//! count of bits another claimer won first (rare: one more atomic). Releasing clears the bits,
+//! then decrements `used` by the bits it cleared. So a set bit is always counted before it is
+//! set and uncounted after it is cleared:
+//! INV(UA3): `count(used) >= popcount(taken slot bits)`, with equality whenever no claim or
+//! release is between its atomics. A release therefore never drives the count below zero, and
+//! `used == 0` means no slot is taken and no claim is under way. Because the count can run
+//! ahead of the bitmap, "full" is detected as a crossing of the count (`old < slots <= new`
+//! upwards, `new < slots <= old` downwards), and every crossing is reconciled under the list
+//! mutex (INV(UA7)).
 //!
 //! A bin is retired (returned to its chunk) only through `used`: the CAS `0 → RETIRED`
-//! (INV(UA4)). A claimer whose `fetch_add` finds `RETIRED` undoes its claim; a release that
-//! finds it reports a double free. The header is only touched with atomics, in place in the
-//! chunk's memory; zeroed memory is a bin that is not carved (`info == 0`).
+//! (INV(UA4)). A claimer whose count finds `RETIRED` takes its count back and never touches
+//! the bitmap; a release on a retired bin finds every bit clear and reports a double free.
+//! The header is only touched with atomics, in place in the chunk's memory; zeroed memory is a
+//! bin that is not carved (`info == 0`).
+//!
+//! A double free that comes after its slot was claimed again cannot be told from the new
+//! owner's free (no allocator can): it frees the new owner's slot. The metadata stays
+//! consistent (INV(UA3)); only the program that freed twice sees its block handed out twice.
 
 use crate::platform::{Atomic32, Atomic64};
 use crate::rcu::RcuHead;
@@ -64,15 +71,11 @@ const _: () = assert!(core::mem::size_of::<BinHeader>() == crate::ualloc::layout
 /// What one [`BinHeader::claim`] got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claim {
-    /// Slots `64 * word + i` for each bit `i` of `bits` are the caller's. `now_full`: this claim
-    /// took the last free slot (the caller must unlink the bin, INV(UA7)).
-    Got {
-        word: u32,
-        bits: u64,
-        now_full: bool,
-    },
-    /// No free bit was found in one pass over the words.
-    NoneFree,
+    /// Slots `64 * word + i` for each bit `i` of `bits` are the caller's. `resync`: the count
+    /// crossed "full" (the caller must reconcile the bin's listing, INV(UA7)).
+    Got { word: u32, bits: u64, resync: bool },
+    /// No free bit was found in one pass over the words. `resync` as for `Got`.
+    NoneFree { resync: bool },
     /// The bin is retired (or being); nothing was taken.
     Retired,
 }
@@ -176,14 +179,17 @@ impl BinHeader {
     }
 
     /// Claim up to `need` free slots in one word, trying the words from `start` on. One
-    /// `fetch_or` and one `fetch_add` when it succeeds.
+    /// `fetch_add` and one `fetch_or` when it succeeds; one `fetch_sub` more for bits that
+    /// another claimer took first.
     #[inline]
     pub fn claim(&self, class: SizeClass, start: usize, need: u32) -> Claim {
         debug_assert!(need > 0);
         if self.used.load_relaxed() & !USED_COUNT_MASK != 0 {
             return Claim::Retired;
         }
+        let slots = class.slots();
         let words = class.bitmap_words();
+        let mut resync = false;
         for j in 0..words {
             let w = (start + j) % words;
             let free = !self.bitmap[w].load_relaxed();
@@ -191,87 +197,87 @@ impl BinHeader {
                 continue;
             }
             let want = lowest_bits(free, need);
-            // Acquire: pairs with the release in `release` by the slot's previous owner (its
-            // writes happen before ours). Release: orders nothing we need; acq_rel is the only
-            // ordered `or` the platform has.
-            let old = self.bitmap[w].fetch_or_acq_rel(want);
-            let bits = want & !old;
-            if bits == 0 {
-                continue;
-            }
-            let n = bits.count_ones();
-            // Acq_rel: pairs with the CAS in `try_retire` (INV(UA4)): either it saw our count,
-            // or we see its flag.
+            let n = want.count_ones();
+            // INV(UA3): count first. Acq_rel: pairs with the CAS in `try_retire` (INV(UA4)):
+            // either it saw our count, or we see its flag.
             let used = self.used.fetch_add_acq_rel(n);
             if used & !USED_COUNT_MASK != 0 {
-                // Retired under us: give the bits and the count back (INV(UA4)).
-                self.bitmap[w].fetch_and_relaxed(!bits);
+                // Retired: nothing was set; take the count back.
                 self.used.fetch_sub_relaxed(n);
                 return Claim::Retired;
             }
-            // A crossing test: the count may exceed `slots` for a moment (INV(UA3)).
-            let old = used & USED_COUNT_MASK;
-            let now_full = old < class.slots() && old + n >= class.slots();
-            return Claim::Got {
-                word: w as u32,
-                bits,
-                now_full,
-            };
+            let before = used & USED_COUNT_MASK;
+            // The count may run ahead of the bitmap for a moment (INV(UA3)).
+            resync |= before < slots && before + n >= slots;
+            // Acquire: pairs with the release in `release_many` by the slots' previous owners
+            // (their writes happen before ours). Release: orders nothing we need; acq_rel is
+            // the only ordered `or` the platform has.
+            let old = self.bitmap[w].fetch_or_acq_rel(want);
+            let bits = want & !old;
+            let lost = n - bits.count_ones();
+            if lost > 0 {
+                // Bits another claimer set first: their count is theirs.
+                let was = self.used.fetch_sub_relaxed(lost) & USED_COUNT_MASK;
+                resync |= was >= slots && was - lost < slots;
+            }
+            if bits != 0 {
+                return Claim::Got {
+                    word: w as u32,
+                    bits,
+                    resync,
+                };
+            }
         }
-        Claim::NoneFree
+        Claim::NoneFree { resync }
     }
 
     /// Free slot `slot` (`< class.slots()`): [`release_many`](Self::release_many) of one bit.
     #[inline]
     pub fn release(&self, class: SizeClass, slot: u32) -> Release {
         let bit = 1u64 << (slot as usize % WORD_BITS);
-        match self.release_many(class, slot / WORD_BITS as u32, bit) {
-            Some(r) if r.old & bit != 0 => Release::Freed {
+        let r = self.release_many(class, slot / WORD_BITS as u32, bit);
+        if r.old & bit != 0 {
+            Release::Freed {
                 was_full: r.was_full,
                 now_empty: r.left == 0,
-            },
-            _ => Release::DoubleFree,
+            }
+        } else {
+            Release::DoubleFree
         }
     }
 
     /// Free the slots of `bits` in bitmap word `word` with one `fetch_and` and one `fetch_sub`
     /// (a warp's group of frees). Bits that were already clear are double frees and change
-    /// nothing; the caller tells them apart with [`Released::old`]. `None`: the release was
-    /// undone and nothing changed, because a slot's bit was set but not yet counted (a double
-    /// free racing a claim of that slot, INV(UA3)) or the bin is retired; the caller retries
-    /// each slot alone (one bit: reports a double free).
+    /// nothing; the caller tells them apart with [`Released::old`]. Never undone: every bit
+    /// it clears was counted before it was set (INV(UA3)).
     #[inline]
-    pub fn release_many(&self, class: SizeClass, word: u32, bits: u64) -> Option<Released> {
+    pub fn release_many(&self, class: SizeClass, word: u32, bits: u64) -> Released {
         let w = word as usize;
         debug_assert!(w < class.bitmap_words());
         // Release: the owners' writes to the slots happen before the next claimer's acquire
         // `fetch_or` (pairs with `claim`).
         let old = self.bitmap[w].fetch_and_acq_rel(!bits);
-        let freed = old & bits;
-        let n = freed.count_ones();
+        let n = (old & bits).count_ones();
         if n == 0 {
-            return Some(Released {
+            return Released {
                 old,
                 was_full: false,
                 left: self.used_count(),
-            });
+            };
         }
         // Acq_rel: pairs with `claim`'s fetch_add and `try_retire`'s CAS.
         let used = self.used.fetch_sub_acq_rel(n);
         let count = used & USED_COUNT_MASK;
-        if used & !USED_COUNT_MASK != 0 || count < n {
-            // Bits set but not counted: a claim between its two atomics, or a retired bin.
-            // Only a double free racing a claim of the same slot gets here: undo.
-            self.used.fetch_add_relaxed(n);
-            self.bitmap[w].fetch_or_relaxed(freed);
-            return None;
-        }
-        Some(Released {
+        debug_assert!(
+            used & !USED_COUNT_MASK == 0 && count >= n,
+            "INV(UA3): a set bit is counted"
+        );
+        Released {
             old,
-            // A crossing of "full" downwards (INV(UA3): the count may exceed `slots` briefly).
+            // A crossing of "full" downwards (INV(UA3)).
             was_full: count >= class.slots() && count - n < class.slots(),
             left: count - n,
-        })
+        }
     }
 
     /// Retire the bin if no slot is claimed: `used` 0 → RETIRED (INV(UA4)). After success no
@@ -357,11 +363,14 @@ mod tests {
         let mut got = 1;
         loop {
             match b.claim(class, 0, 7) {
-                Claim::Got { bits, now_full, .. } => {
+                Claim::Got { bits, resync, .. } => {
                     got += bits.count_ones();
-                    assert_eq!(now_full, got == class.slots());
+                    assert_eq!(resync, got == class.slots());
                 }
-                Claim::NoneFree => break,
+                Claim::NoneFree { resync } => {
+                    assert!(!resync);
+                    break;
+                }
                 Claim::Retired => unreachable!(),
             }
         }

@@ -60,18 +60,17 @@ fn word_key(bin: &BinHeader, slot: u32) -> u64 {
 }
 
 /// The leader's part of a group free: clear `bits` (slots of `word` of `bin`, some of which
-/// may already be free) and account for those that were taken. Returns the old bitmap word
-/// (a lane's slot was freed by this call iff its bit is set in it), or `None` when the
-/// release had to be undone (a double free racing a claim of the same slot): the caller then
-/// frees each slot on its own, exactly. Called inside a read section of `arena`.
+/// may already be free) and account for those that were taken. Returns the old bitmap word:
+/// a lane's slot was freed by this call iff its bit is set in it. Called inside a read section
+/// of `arena`.
 pub(crate) fn release_bits(
     arena: &Arena,
     class: SizeClass,
     bin: &BinHeader,
     word: u32,
     bits: u64,
-) -> Option<u64> {
-    let r = bin.release_many(class, word, bits)?;
+) -> u64 {
+    let r = bin.release_many(class, word, bits);
     if r.was_full {
         // INV(UA7): a bin that was full rejoins its list before its units are released.
         sync_listing(arena, class, bin);
@@ -80,7 +79,7 @@ pub(crate) fn release_bits(
     if n > 0 {
         arena.class(class).slots.0.release(n);
     }
-    Some(r.old)
+    r.old
 }
 
 impl<S: ChunkSource> UAlloc<'_, S> {
@@ -148,9 +147,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         };
         let word = slot / WORD_BITS as u32;
         let bit = 1u64 << (slot % WORD_BITS as u32);
-        match release_bits(arena, class, bin, word, bit) {
-            Some(old) if old & bit != 0 => FreeOutcome::Freed(class),
-            _ => FreeOutcome::DoubleFree,
+        if release_bits(arena, class, bin, word, bit) & bit != 0 {
+            FreeOutcome::Freed(class)
+        } else {
+            FreeOutcome::DoubleFree
         }
     }
 
@@ -207,16 +207,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let class = class.expect("a located slot has a class");
         let old = match (&reader, arena) {
             (Some(_), Some(a)) => release_bits(a, class, bin, slot / WORD_BITS as u32, bits),
-            _ => Some(0),
+            _ => 0,
         };
-        let undone = group.broadcast_u32(old.is_none() as u32) != 0;
-        let old = group.broadcast_u64(old.unwrap_or(0));
+        let old = group.broadcast_u64(old);
         drop(reader);
         group.sync();
-        if undone {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.free_single(p) };
-        }
         // Of lanes that freed the same slot, the lowest one freed it; the rest are double frees.
         let mut mine = old >> bit_index & 1 != 0;
         if bits.count_ones() < group.size() {
@@ -297,20 +292,13 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             for &(j, s) in &members[..k] {
                 done[j] = true;
                 // The slot as located inside the read section: a trim may uncarve the bin now.
-                out[j] = match old {
-                    Some(old) => {
-                        let bit = 1u64 << (s % WORD_BITS as u32);
-                        let first = seen & bit == 0;
-                        seen |= bit;
-                        if old & bit != 0 && first {
-                            FreeOutcome::Freed(class)
-                        } else {
-                            FreeOutcome::DoubleFree
-                        }
-                    }
-                    // Undone: each on its own, exactly.
-                    // SAFETY: forwarded.
-                    _ => unsafe { self.free_single(ptrs[j]) },
+                let bit = 1u64 << (s % WORD_BITS as u32);
+                let first = seen & bit == 0;
+                seen |= bit;
+                out[j] = if old & bit != 0 && first {
+                    FreeOutcome::Freed(class)
+                } else {
+                    FreeOutcome::DoubleFree
                 };
             }
         }
