@@ -276,6 +276,9 @@ fn oom(c: &mut Ctx) -> toga::Result<Vec<Row>> {
         // up to the bins' overhead, and which arenas hold the last partly used bins differs
         // from round to round; recovery means everything went back (nothing reserved after
         // the free) and the second round got as much as the first, within those bins.
+        // Empty bins stay with their arenas until a trim (or a malloc that runs out) takes
+        // them back (docs/ualloc.md): trim, then everything must be back.
+        c.heap.trim(&c.stream)?;
         let reserved = c.heap.stats(&c.stream)?.reserved_bytes;
         let recovered = if size as usize > toga_kernels::ualloc::MAX_SMALL_SIZE {
             counts[0] == fit && counts[1] == counts[0]
@@ -291,7 +294,7 @@ fn oom(c: &mut Ctx) -> toga::Result<Vec<Row>> {
             2 * n - counts[0] - counts[1],
             bad == 0 && recovered && reserved == 0 && counts[0] > 0,
             format!(
-                "round 1: {} ok, round 2: {} ok (of {fit} that fit; utilization {:.1}%); {reserved} B reserved after",
+                "round 1: {} ok, round 2: {} ok (of {fit} that fit; utilization {:.1}%); {reserved} B reserved after a trim",
                 counts[0],
                 counts[1],
                 util * 100.0

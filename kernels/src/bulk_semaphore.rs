@@ -298,6 +298,16 @@ impl BulkSemaphore {
         self.signal(n, 0)
     }
 
+    /// `release` without ordering: for callers that publish what the units stand for through
+    /// another release that the taker acquires anyway (UAlloc's freed slot bits, cleared with
+    /// a release `fetch_and` and claimed with an acquire `fetch_or`). A taker that gets a unit
+    /// before it can see that publication only looks again. Saves a fence (a MEMBAR on the
+    /// GPU) per call.
+    #[inline]
+    pub fn release_relaxed(&self, n: u32) {
+        self.word.fetch_add_relaxed(c_units(n));
+    }
+
     /// Take `n` units only if C holds them now; never refills, never spins.
     ///
     /// One add, rolled back when C was short: like the fast path of `wait` it makes a

@@ -118,7 +118,8 @@ impl Drop for SrcuReader<'_> {
     fn drop(&mut self) {
         // Release: everything this reader did in the section happens before the owner's
         // acquire load that sees the count fall (pairs with the acquire in `wait_for_readers`).
-        self.srcu.readers[self.parity].0.fetch_sub_acq_rel(1);
+        // Nothing after the section needs the acquire half.
+        self.srcu.readers[self.parity].0.fetch_sub_release(1);
     }
 }
 
@@ -139,14 +140,16 @@ impl Srcu {
     /// section can still reach was unlinked runs (INV(RCU1)). Two RMWs on the common path.
     #[inline]
     pub fn read_lock(&self) -> SrcuReader<'_> {
-        // Acquire: pairs with the owner's bump, for readers that start in the new epoch.
-        let mut e = self.epoch.0.load_acquire();
+        // Relaxed: only a guess of the parity; the RMW below checks it.
+        let mut e = self.epoch.0.load_relaxed();
         loop {
             let parity = (e & 1) as usize;
-            // Acq_rel: the release half keeps this increment before the epoch RMW below.
-            self.readers[parity].0.fetch_add_acq_rel(1);
-            // An RMW reads the newest epoch (INV(RCU1)); acq_rel pairs with the owner's bump in
-            // `wait_for_readers` in both directions.
+            // Relaxed: the release half of the epoch RMW below keeps this increment before it.
+            self.readers[parity].0.fetch_add_relaxed(1);
+            // An RMW reads the newest epoch (INV(RCU1)). Acq_rel pairs with the owner's bump in
+            // `wait_for_readers` in both directions: our count is visible to an owner that
+            // bumps after us, and the section's reads come after a bump we see. The one fence
+            // of the entry (docs/registers.md: each release is a MEMBAR on the GPU).
             let now = self.epoch.0.fetch_add_acq_rel(0);
             if now == e {
                 return SrcuReader { srcu: self, parity };
@@ -154,7 +157,7 @@ impl Srcu {
             // The epoch moved between our load and our count: the owner may have already
             // checked this parity. Leave and enter again in the new epoch (release: pairs with
             // the owner's acquire load of the count, as in `drop`).
-            self.readers[parity].0.fetch_sub_acq_rel(1);
+            self.readers[parity].0.fetch_sub_release(1);
             e = now;
         }
     }

@@ -26,7 +26,7 @@ use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 use crate::ualloc::{
-    Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, UAlloc,
+    Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, OOM_RETRIES, UAlloc,
 };
 
 /// `"togaheap"`: marks an initialized header.
@@ -395,11 +395,17 @@ impl<'a> Heap<'a> {
     fn alloc_large(&self, size: usize) -> (*mut u8, usize) {
         let order = Self::order_for(size);
         // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
-        // (INV(UA4)); give them back and try once more.
-        let offset = match self.buddy.alloc(order) {
-            None if self.trim() > 0 => self.buddy.alloc(order),
-            got => got,
-        };
+        // (INV(UA4)); give them back and try again, as a small refill does (always once after
+        // a trim, more often while trims still find something).
+        let mut offset = self.buddy.alloc(order);
+        let mut retries = 0;
+        while offset.is_none() && retries < OOM_RETRIES {
+            if self.trim() == 0 && retries > 0 {
+                break;
+            }
+            retries += 1;
+            offset = self.buddy.alloc(order);
+        }
         match offset {
             Some(offset) => {
                 let page = (offset >> PAGE_SHIFT) as usize;

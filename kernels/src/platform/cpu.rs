@@ -48,6 +48,10 @@ macro_rules! cpu_atomic {
                 self.0.fetch_sub(v, Relaxed)
             }
             #[inline]
+            pub fn fetch_sub_release(&self, v: $t) -> $t {
+                self.0.fetch_sub(v, Release)
+            }
+            #[inline]
             pub fn fetch_sub_acq_rel(&self, v: $t) -> $t {
                 self.0.fetch_sub(v, AcqRel)
             }

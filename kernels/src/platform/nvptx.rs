@@ -97,6 +97,12 @@ macro_rules! atomic_type {
                 self.fetch_add_relaxed(v.wrapping_neg())
             }
 
+            /// `fetch_add_release(v.wrapping_neg())`.
+            #[inline(always)]
+            pub fn fetch_sub_release(&self, v: $t) -> $t {
+                self.fetch_add_release(v.wrapping_neg())
+            }
+
             /// `fetch_add_acq_rel(v.wrapping_neg())`.
             #[inline(always)]
             pub fn fetch_sub_acq_rel(&self, v: $t) -> $t {

@@ -173,6 +173,14 @@ impl BinHeader {
         SizeClass::from_index((info as usize).wrapping_sub(1))
     }
 
+    /// The class as a relaxed snapshot: a hint that orders nothing (grouping lanes before
+    /// the validated look).
+    #[inline(always)]
+    pub fn class_hint(&self) -> Option<SizeClass> {
+        let info = self.info.load_relaxed();
+        SizeClass::from_index((info as usize).wrapping_sub(1))
+    }
+
     /// Mark the bin not carved (it goes back to its chunk; INV(UA5)).
     pub fn uncarve(&self) {
         self.info.store_release(0);
@@ -198,9 +206,10 @@ impl BinHeader {
             }
             let want = lowest_bits(free, need);
             let n = want.count_ones();
-            // INV(UA3): count first. Acq_rel: pairs with the CAS in `try_retire` (INV(UA4)):
-            // either it saw our count, or we see its flag.
-            let used = self.used.fetch_add_acq_rel(n);
+            // INV(UA3): count first. Relaxed: `used` is one location, so either the CAS in
+            // `try_retire` saw our count or we see its flag (INV(UA4)); the release half of the
+            // `fetch_or` below keeps this count before our bits.
+            let used = self.used.fetch_add_relaxed(n);
             if used & !USED_COUNT_MASK != 0 {
                 // Retired: nothing was set; take the count back.
                 self.used.fetch_sub_relaxed(n);
@@ -210,8 +219,8 @@ impl BinHeader {
             // The count may run ahead of the bitmap for a moment (INV(UA3)).
             resync |= before < slots && before + n >= slots;
             // Acquire: pairs with the release in `release_many` by the slots' previous owners
-            // (their writes happen before ours). Release: orders nothing we need; acq_rel is
-            // the only ordered `or` the platform has.
+            // (their writes happen before ours). Release: our count above happens before any
+            // release that sees these bits and takes the count back (INV(UA3)).
             let old = self.bitmap[w].fetch_or_acq_rel(want);
             let bits = want & !old;
             let lost = n - bits.count_ones();
@@ -255,7 +264,8 @@ impl BinHeader {
         let w = word as usize;
         debug_assert!(w < class.bitmap_words());
         // Release: the owners' writes to the slots happen before the next claimer's acquire
-        // `fetch_or` (pairs with `claim`).
+        // `fetch_or` (pairs with `claim`). Acquire: the claims of the bits we clear (their
+        // counts) happen before our `fetch_sub` below, which therefore never underflows.
         let old = self.bitmap[w].fetch_and_acq_rel(!bits);
         let n = (old & bits).count_ones();
         if n == 0 {
@@ -265,8 +275,11 @@ impl BinHeader {
                 left: self.used_count(),
             };
         }
-        // Acq_rel: pairs with `claim`'s fetch_add and `try_retire`'s CAS.
-        let used = self.used.fetch_sub_acq_rel(n);
+        // Relaxed: the acquire above orders it after the counts it takes back. A retirement
+        // that sees the count reach 0 before our clear lands is still right: these slots are
+        // dead, and the bin goes back to its chunk only after a grace period, which our read
+        // section's release ends after the clear.
+        let used = self.used.fetch_sub_relaxed(n);
         let count = used & USED_COUNT_MASK;
         debug_assert!(
             used & !USED_COUNT_MASK == 0 && count >= n,

@@ -127,6 +127,12 @@ impl ChunkHeader {
         self.magic.load_acquire() == magic_of(self.base())
     }
 
+    /// [`is_live`](Self::is_live) as a relaxed snapshot: a hint that orders nothing.
+    #[inline(always)]
+    pub fn is_live_hint(&self) -> bool {
+        self.magic.load_relaxed() == magic_of(self.base())
+    }
+
     /// The chunk's bin kind (valid while live).
     #[inline(always)]
     pub fn kind(&self) -> BinKind {

@@ -54,6 +54,7 @@ use crate::size_class::SizeClass;
 pub use crate::size_class::MAX_SMALL_SIZE;
 pub use arena::Arena;
 pub use layout::{CHUNK_SHIFT, CHUNK_SIZE, PAGE_SHIFT, PAGE_SIZE};
+pub(crate) use refill::OOM_RETRIES;
 
 /// Where UAlloc gets its chunks (the heap implements it over TBuddy).
 pub trait ChunkSource {

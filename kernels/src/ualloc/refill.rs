@@ -12,10 +12,11 @@ use crate::ualloc::chunk::{ChunkHeader, bin_offset, bins_per_chunk, chunk_base};
 use crate::ualloc::layout::CHUNK_SIZE;
 use crate::ualloc::{ChunkSource, KIND_GROUP_TAG, UAlloc};
 
-/// How often a refill that found no chunk runs [`UAlloc::reclaim`] and tries again before it
-/// reports out of memory: bins and chunks in a grace period are memory that is about to come
-/// back. Two passes also catch a chunk whose return was queued by the first pass's callbacks.
-const OOM_RETRIES: u32 = 2;
+/// How often a refill that found no chunk runs [`UAlloc::trim`] and tries again before it
+/// reports out of memory. It always tries again after the first trim (another thread's trim
+/// may have just given this arena its bins back, leaving nothing for ours to find), and after
+/// later ones only while they still find something to give back.
+pub(crate) const OOM_RETRIES: u32 = 4;
 
 /// The `rank`-th free bin on the partial list, in list order (under the list's mutex).
 /// INV(UA9): the caller holds `rank + 1` or more units of the bins semaphore, so it exists.
@@ -93,9 +94,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             if let Some(addr) = self.take_bin(ai, class.kind()) {
                 break addr;
             }
-            // Out of chunks. Bins and chunks may be on their way back (waiting out a grace
-            // period): finish those returns and try again before failing.
-            if retries == OOM_RETRIES || !self.reclaim() {
+            // Out of chunks. Empty bins of other classes, and bins and chunks on their way
+            // back, may be what is missing: give them back and try again before failing.
+            let progress = retries < OOM_RETRIES && self.trim() > 0;
+            if !progress && retries > 0 || retries == OOM_RETRIES {
                 slots.retract(rest);
                 return None;
             }
@@ -113,14 +115,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // INV(UA2): the bin is listed before its units are.
         slots.signal(rest, rest);
         Some(addr)
-    }
-
-    /// Bins and chunks that could come back: [`trim`](Self::trim), and whether it did
-    /// anything. Must not be called inside a read section.
-    #[cold]
-    #[inline(never)]
-    fn reclaim(&self) -> bool {
-        self.trim() > 0
     }
 
     /// Give back what UAlloc holds but does not use: every empty bin of every arena goes back

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One lease, one call (from the repository root, after scripts/bundle): ncu (`--set full`) on
+# toga_malloc and toga_free of `host bench` at 16 B and 4 KB, with the per-instruction (SASS)
+# source page exported as CSV, so the hot instructions and their stall reasons can be read on a
+# machine without a GPU. Reports and CSVs go to $OUT.
+b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
+ncu=${NCU:-/usr/local/cuda/bin/ncu}
+ptx=${PTX:-$b/toga_kernels.ptx}
+# host bench launches, per size, 12 toga_malloc and 12 toga_free kernels (fresh and warm cells,
+# each a warm-up and five timed runs); launch 1 is the first timed fresh one, 7 the first warm.
+prof() { # name kernel skip
+  timeout -s KILL 150 env TOGA_PTX_FILE="$ptx" "$ncu" --set full -k "regex:^$2\$" --launch-skip "$3" -c 1 \
+    -o "$out/ncu-$1" "$b/host" bench --timeout 140 >"$out/ncu-$1.log" 2>&1
+  echo "ncu $1 rc=$?"
+  "$ncu" --import "$out/ncu-$1.ncu-rep" --page details --csv >"$out/ncu-$1.csv" 2>/dev/null
+  "$ncu" --import "$out/ncu-$1.ncu-rep" --page source --csv --print-source sass >"$out/sass-$1.csv" 2>"$out/sass-$1.err"
+  "$ncu" --import "$out/ncu-$1.ncu-rep" --page details 2>/dev/null | grep -E "Registers Per Thread|Achieved Occupancy|Duration|No Eligible|Warp Cycles Per Issued" | head -8
+  rm -f "$out/ncu-$1.ncu-rep"
+}
+for spec in ${KERNELS:-toga_malloc:1:16 toga_free:1:16}; do
+  IFS=: read -r k skip tag <<<"$spec"
+  prof "$k-$tag" "$k" "$skip"
+done
+ls -la "$out"
