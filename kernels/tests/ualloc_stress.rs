@@ -173,10 +173,6 @@ impl Shadow {
         m.insert(a, len);
     }
 
-    fn contains(&self, p: usize) -> bool {
-        self.0.lock().unwrap().contains_key(&p)
-    }
-
     fn remove(&self, p: *mut u8) -> usize {
         self.0
             .lock()
