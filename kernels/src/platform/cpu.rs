@@ -111,6 +111,14 @@ pub fn active_mask() -> u32 {
 pub fn lanemask_lt() -> u32 {
     0
 }
+/// The position of the `n`-th lowest set bit of `mask` (`n < popcount(mask)`).
+#[inline]
+pub fn nth_set_bit_u32(mut mask: u32, n: u32) -> u32 {
+    for _ in 0..n {
+        mask &= mask - 1;
+    }
+    mask.trailing_zeros()
+}
 #[inline]
 pub fn ballot(mask: u32, pred: bool) -> u32 {
     debug_assert_eq!(mask, 1);

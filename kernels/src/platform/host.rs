@@ -49,3 +49,8 @@ pub fn global_timer_ns() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
 }
+
+/// A seed that differs between threads (and over time): spreads claimers over a bin's words.
+pub fn spread_seed() -> u32 {
+    (global_timer_ns().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32
+}

@@ -34,3 +34,8 @@ pub fn nanosleep(_ns: u32) {
 pub fn global_timer_ns() -> u64 {
     0
 }
+
+/// Every modelled claimer starts at word 0, bit 0.
+pub fn spread_seed() -> u32 {
+    0
+}

@@ -189,6 +189,19 @@ pub fn lanemask_lt() -> u32 {
     v
 }
 
+/// The position of the `n`-th lowest set bit of `mask` (`n < popcount(mask)`): `fns.b32`,
+/// one instruction instead of a loop over the lower bits.
+#[inline(always)]
+pub fn nth_set_bit_u32(mask: u32, n: u32) -> u32 {
+    let v: u32;
+    // SAFETY: pure arithmetic.
+    unsafe {
+        asm!("fns.b32 {0}, {1}, 0, {2};", out(reg32) v, in(reg32) mask, in(reg32) n + 1,
+            options(nomem, nostack, pure))
+    }
+    v
+}
+
 /// `vote.sync.ballot`: bit `i` set iff lane `i` of `mask` passed `pred == true`.
 /// Convergence: every lane of `mask` must call it (module rule).
 #[inline(always)]
@@ -301,6 +314,16 @@ pub fn global_thread_id() -> u64 {
     use core::arch::nvptx::*;
     // SAFETY: special-register reads.
     unsafe { _block_idx_x() as u64 * _block_dim_x() as u64 + _thread_idx_x() as u64 }
+}
+
+/// A seed that differs between the warps an SM runs at once (`%warpid`, the warp's slot on
+/// its SM) and between the lanes of a warp: spreads claimers over a bin's words and bits.
+#[inline(always)]
+pub fn spread_seed() -> u32 {
+    let v: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {0}, %warpid;", out(reg32) v, options(nomem, nostack)) }
+    v.wrapping_mul(0x9E37_79B1) ^ lane_id()
 }
 
 /// Threads in a 1-D grid.

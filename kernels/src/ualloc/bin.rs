@@ -186,25 +186,39 @@ impl BinHeader {
         self.info.store_release(0);
     }
 
-    /// Claim up to `need` free slots in one word, trying the words from `start` on. One
+    /// Claim up to `need` free slots in one word, trying the words from `start` on:
+    /// [`claim_from`](Self::claim_from) without rotation.
+    #[inline]
+    pub fn claim(&self, class: SizeClass, start: usize, need: u32) -> Claim {
+        self.claim_from(class, start as u32, 0, need)
+    }
+
+    /// Claim up to `need` free slots in one word, trying the words from `start` on and, in a
+    /// word, the free bits from bit `rotate` upwards (wrapping). Claimers that start at
+    /// different words and rotations ask for different bits, so fewer of them collide. One
     /// `fetch_add` and one `fetch_or` when it succeeds; one `fetch_sub` more for bits that
     /// another claimer took first.
     #[inline]
-    pub fn claim(&self, class: SizeClass, start: usize, need: u32) -> Claim {
+    pub fn claim_from(&self, class: SizeClass, start: u32, rotate: u32, need: u32) -> Claim {
         debug_assert!(need > 0);
         if self.used.load_relaxed() & !USED_COUNT_MASK != 0 {
             return Claim::Retired;
         }
         let slots = class.slots();
-        let words = class.bitmap_words();
+        let words = class.bitmap_words() as u32;
         let mut resync = false;
-        for j in 0..words {
-            let w = (start + j) % words;
-            let free = !self.bitmap[w].load_relaxed();
+        // 32-bit arithmetic and no division in the loop (a 64-bit `%` here cost a division
+        // sequence per word).
+        let mut w = start % words;
+        for _ in 0..words {
+            let at = w;
+            w = if w + 1 == words { 0 } else { w + 1 };
+            let word = &self.bitmap[at as usize];
+            let free = !word.load_relaxed();
             if free == 0 {
                 continue;
             }
-            let want = lowest_bits(free, need);
+            let want = lowest_bits(free.rotate_right(rotate), need).rotate_left(rotate);
             let n = want.count_ones();
             // INV(UA3): count first. Relaxed: `used` is one location, so either the CAS in
             // `try_retire` saw our count or we see its flag (INV(UA4)); the release half of the
@@ -221,7 +235,7 @@ impl BinHeader {
             // Acquire: pairs with the release in `release_many` by the slots' previous owners
             // (their writes happen before ours). Release: our count above happens before any
             // release that sees these bits and takes the count back (INV(UA3)).
-            let old = self.bitmap[w].fetch_or_acq_rel(want);
+            let old = word.fetch_or_acq_rel(want);
             let bits = want & !old;
             let lost = n - bits.count_ones();
             if lost > 0 {
@@ -231,7 +245,7 @@ impl BinHeader {
             }
             if bits != 0 {
                 return Claim::Got {
-                    word: w as u32,
+                    word: at,
                     bits,
                     resync,
                 };
@@ -420,6 +434,24 @@ mod tests {
         assert_eq!(b.used_word(), USED_RETIRED);
         b.uncarve();
         assert_eq!(b.class(), None);
+    }
+
+    #[test]
+    fn rotated_claims_start_at_their_bit_and_wrap() {
+        let b = BinHeader::new();
+        let class = c(16);
+        b.init(class, 0);
+        let got = |c: Claim| match c {
+            Claim::Got { word, bits, .. } => (word, bits),
+            other => panic!("{other:?}"),
+        };
+        // Two claimers of 32 at rotations 32 apart take the two halves of word 1.
+        assert_eq!(got(b.claim_from(class, 1, 32, 32)), (1, 0xFFFF_FFFF << 32));
+        assert_eq!(got(b.claim_from(class, 1, 0, 32)), (1, 0xFFFF_FFFF));
+        // Wrapping: from bit 48 of word 0, 20 slots are bits 48..63 and 0..3.
+        assert_eq!(got(b.claim_from(class, 0, 48, 20)), (0, 0xFFFF << 48 | 0xF));
+        assert_eq!(b.used_word(), 84);
+        assert_eq!(b.taken_slots(class), 84);
     }
 
     #[test]

@@ -69,7 +69,8 @@ fn word_key(bin: &BinHeader, slot: u32) -> u64 {
 /// The leader's part of a group free: clear `bits` (slots of `word` of `bin`, some of which
 /// may already be free) and account for those that were taken. Returns the old bitmap word:
 /// a lane's slot was freed by this call iff its bit is set in it. Called inside a read section
-/// of `arena`.
+/// of `arena`; the caller then gives the freed slots' units back with [`give_units`] after it
+/// left the section (so the section's closing fence does not wait for that add).
 pub(crate) fn release_bits(
     arena: &Arena,
     class: SizeClass,
@@ -82,13 +83,19 @@ pub(crate) fn release_bits(
         // INV(UA7): a bin that was full rejoins its list before its units are released.
         sync_listing(arena, class, bin);
     }
-    let n = (r.old & bits).count_ones();
+    r.old
+}
+
+/// Give the units of the slots of `bits` that `old` (from [`release_bits`]) shows taken back
+/// to the class's semaphore. Outside the read section is fine: until the units are back, a
+/// trim cannot take the bin's units and so does not retire it.
+pub(crate) fn give_units(arena: &Arena, class: SizeClass, old: u64, bits: u64) {
+    let n = (old & bits).count_ones();
     if n > 0 {
         // Relaxed: the bits were published by the release `fetch_and`; a claimer that takes
         // these units acquires them with its `fetch_or` (INV(UA2) holds: the bin is listed).
         arena.class(class).slots.0.release_relaxed(n);
     }
-    r.old
 }
 
 impl<S: ChunkSource> UAlloc<'_, S> {
@@ -149,7 +156,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let Some(arena) = self.arenas.get(ai) else {
             return FreeOutcome::Invalid;
         };
-        let _reader = arena.rcu.read_lock();
+        let reader = arena.rcu.read_lock();
         // INV(UA8)/INV(RCU1): re-checked inside the read section, the chunk stays UAlloc's (and
         // this arena's) until we leave it.
         if !chunk.is_live() || chunk.arena.load_relaxed() as usize != ai {
@@ -160,7 +167,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         };
         let word = slot / WORD_BITS as u32;
         let bit = 1u64 << (slot % WORD_BITS as u32);
-        if release_bits(arena, class, bin, word, bit) & bit != 0 {
+        let old = release_bits(arena, class, bin, word, bit);
+        drop(reader);
+        give_units(arena, class, old, bit);
+        if old & bit != 0 {
             FreeOutcome::Freed(class)
         } else {
             FreeOutcome::DoubleFree
@@ -222,8 +232,13 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             (Some(_), Some(a)) => release_bits(a, class, bin, slot / WORD_BITS as u32, bits),
             _ => 0,
         };
-        let old = group.broadcast_u64(old);
+        // The leader leaves the section, then gives the units back.
+        let leader_arena = if reader.is_some() { arena } else { None };
         drop(reader);
+        if let Some(a) = leader_arena {
+            give_units(a, class, old, bits);
+        }
+        let old = group.broadcast_u64(old);
         group.sync();
         // Of lanes that freed the same slot, the lowest one freed it; the rest are double frees.
         let mut mine = old >> bit_index & 1 != 0;
@@ -302,6 +317,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             let old = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
             drop(reader);
+            give_units(arena, class, old, bits);
             let mut seen = 0u64;
             for &(j, s) in &members[..k] {
                 done[j] = true;
