@@ -30,11 +30,13 @@
 //!
 //! # free
 //! Find the chunk (check its magic), enter its arena's SRCU read section, find bin and slot
-//! (check the class and the slot boundary), clear the bit. A bin that was full rejoins its
-//! list; the unit goes back to the semaphore; a bin that became empty is retired (its slots
-//! taken back from the semaphore, `used` 0 → RETIRED, unlinked) and returned to its chunk after
-//! a grace period; a chunk whose bins are all free goes back to the source after another.
-//! So memory flows back between classes and kinds.
+//! (check the class and the slot boundary), clear the bit. Lanes of a warp whose slots share a
+//! bitmap word do this once for the group. A bin that was full rejoins its list; the units go
+//! back to the semaphore. A bin that becomes empty stays carved and listed: `trim` (run by
+//! `malloc` before it reports out of memory, and by the host through `Heap::trim`) retires
+//! empty bins (their slots taken back from the semaphore, `used` 0 → RETIRED, unlinked) and
+//! returns them to their chunks after a grace period; a chunk whose bins are all free goes
+//! back to the source after another. So memory flows back between classes and kinds.
 //!
 //! Invariants are listed in `docs/invariants.md` (UA*, RCU*, CM*).
 
@@ -147,7 +149,7 @@ impl<'a, S: ChunkSource> UAlloc<'a, S> {
             unsafe { self.source.free_chunk(chunk_addr as *mut u8) };
         } else {
             let bin_addr = head as usize - core::mem::offset_of!(bin::BinHeader, rcu);
-            // SAFETY: INV(RCU4): a bin's head was queued by `free` after the bin was retired
+            // SAFETY: INV(RCU4): a bin's head was queued by `trim` after the bin was retired
             // and unlinked; its chunk is live until the bin is back in it.
             self.return_bin(unsafe { arena::bin_at(bin_addr as u64) });
         }
