@@ -201,10 +201,17 @@ impl BinHeader {
     #[inline]
     pub fn claim_from(&self, class: SizeClass, start: u32, rotate: u32, need: u32) -> Claim {
         debug_assert!(need > 0);
-        if self.used.load_relaxed() & !USED_COUNT_MASK != 0 {
+        let used = self.used.load_relaxed();
+        if used & !USED_COUNT_MASK != 0 {
             return Claim::Retired;
         }
         let slots = class.slots();
+        if used >= slots {
+            // Full (or counted ahead of its bits for a moment, INV(UA3)): one load instead of
+            // a scan of every word. A bin that fills stays listed until its claimer unlinks it,
+            // and walkers pass over it meanwhile.
+            return Claim::NoneFree { resync: false };
+        }
         let words = class.bitmap_words() as u32;
         let mut resync = false;
         // 32-bit arithmetic and no division in the loop (a 64-bit `%` here cost a division
