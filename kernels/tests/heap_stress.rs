@@ -480,6 +480,38 @@ fn concurrent_large_mallocs_after_small_frees_succeed() {
     );
 }
 
+/// `threads` threads start together and each mallocs up to `per` blocks of `size`, stopping at
+/// the first null; once all are done they free what they got. Returns the blocks served.
+fn malloc_then_free_in_threads(h: &Arc<HostHeap>, threads: usize, size: usize, per: u64) -> u64 {
+    let barrier = Arc::new(Barrier::new(threads));
+    (0..threads)
+        .map(|_| {
+            let (h, barrier) = (h.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let heap = h.heap();
+                barrier.wait();
+                let mut got = Vec::new();
+                while (got.len() as u64) < per {
+                    let p = heap.malloc(size);
+                    if p.is_null() {
+                        break;
+                    }
+                    got.push(p);
+                }
+                barrier.wait();
+                for &p in &got {
+                    // SAFETY: live blocks, freed once.
+                    unsafe { heap.free(p) };
+                }
+                got.len() as u64
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|j| j.join().unwrap())
+        .sum()
+}
+
 /// The storm sequence of `host stress`: for each size in turn, threads on every "SM" allocate
 /// half the heap in blocks of that size, then free them all, with no trim in between. The
 /// empty bins each size leaves behind must not keep the next size from its half.
@@ -489,35 +521,10 @@ fn size_storms_in_turn_each_get_half_the_heap() {
     let h = Arc::new(HostHeap::new(32 << 20, 8));
     let data = h.geometry.pages * 4096;
     for size in [16u64, 64, 256, 1024, 4096, 16384] {
-        let n = (data / 2 / size).min(1 << 20);
-        let per = n.div_ceil(THREADS as u64);
-        let barrier = Arc::new(Barrier::new(THREADS));
-        let failed: u64 = (0..THREADS)
-            .map(|_| {
-                let (h, barrier) = (h.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    let heap = h.heap();
-                    barrier.wait();
-                    let got: Vec<_> = (0..per).map(|_| heap.malloc(size as usize)).collect();
-                    barrier.wait();
-                    let failed = got.iter().filter(|p| p.is_null()).count() as u64;
-                    for p in got {
-                        // SAFETY: live blocks (or null), freed once.
-                        unsafe { heap.free(p) };
-                    }
-                    failed
-                })
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|j| j.join().unwrap())
-            .sum();
-        assert_eq!(
-            failed,
-            0,
-            "size {size}: {failed} of {} failed",
-            per * THREADS as u64
-        );
+        let per = (data / 2 / size).min(1 << 20).div_ceil(THREADS as u64);
+        let asked = per * THREADS as u64;
+        let failed = asked - malloc_then_free_in_threads(&h, THREADS, size as usize, per);
+        assert_eq!(failed, 0, "size {size}: {failed} of {asked} failed");
     }
     assert_eq!(h.stat(stat::LIVE_BYTES), 0);
 }
@@ -531,42 +538,13 @@ fn concurrent_oom_takes_back_empty_bins() {
     const THREADS: usize = 32;
     let h = Arc::new(HostHeap::new(32 << 20, 8));
     let data = h.geometry.pages * 4096;
-    let run = |size: usize, cap: u64| -> u64 {
-        let barrier = Arc::new(Barrier::new(THREADS));
-        let per = cap.div_ceil(THREADS as u64);
-        (0..THREADS)
-            .map(|_| {
-                let (h, barrier) = (h.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    let heap = h.heap();
-                    barrier.wait();
-                    let mut got = Vec::new();
-                    while (got.len() as u64) < per {
-                        let p = heap.malloc(size);
-                        if p.is_null() {
-                            break;
-                        }
-                        got.push(p);
-                    }
-                    barrier.wait();
-                    for &p in &got {
-                        // SAFETY: live blocks, freed once.
-                        unsafe { heap.free(p) };
-                    }
-                    got.len() as u64
-                })
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|j| j.join().unwrap())
-            .sum()
-    };
+    let per = |total: u64| total.div_ceil(THREADS as u64);
     for round in 0..3 {
         // Small blocks of two kinds fill most of the heap, then are freed (no trim).
-        run(16, data / 8 / 16);
-        run(1024, data / 2 / 1024);
+        malloc_then_free_in_threads(&h, THREADS, 16, per(data / 8 / 16));
+        malloc_then_free_in_threads(&h, THREADS, 1024, per(data / 2 / 1024));
         let big = 64 << 10;
-        let got = run(big, u64::MAX) * big as u64;
+        let got = malloc_then_free_in_threads(&h, THREADS, big, u64::MAX) * big as u64;
         assert!(
             got * 100 >= data * 95,
             "round {round}: {got} of {data} bytes served in 64 KiB blocks"
