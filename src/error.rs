@@ -27,6 +27,11 @@ pub enum Error {
         limit: u64,
         why: &'static str,
     },
+    /// Fewer arenas than SM ids: an arena's semaphores are sized for one SM's threads.
+    #[error(
+        "{arenas} arena(s) requested, but this device's SM ids go up to {sm_ids}: a heap needs one arena per SM id"
+    )]
+    TooFewArenas { arenas: u32, sm_ids: u32 },
     /// The PTX file named by `TOGA_PTX_FILE` could not be read.
     #[error("TOGA_PTX_FILE: {0}")]
     PtxFile(String),

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
 
 use crate::error::{Error, Result};
@@ -13,6 +13,10 @@ pub struct DeviceInfo {
     pub ordinal: usize,
     pub name: String,
     pub sm_count: u32,
+    /// The bound of the SM ids kernels see (`%nsmid`); at least `sm_count`, and more where the
+    /// ids have gaps. A heap gives every SM id an arena of its own. `sm_count` when the loaded
+    /// module lacks the probe kernel.
+    pub sm_id_bound: u32,
     pub compute_capability: (i32, i32),
     pub total_memory: u64,
     pub free_memory: u64,
@@ -67,13 +71,20 @@ impl Gpu {
             ctx.set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes)?;
         }
         let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
+        let sm_id_bound = sm_id_bound(&ctx, &module)?
+            .unwrap_or(sm_count)
+            .max(sm_count);
         let (free, total) = ctx.mem_get_info()?;
         let attr = |a| ctx.attribute(a);
         use sys::CUdevice_attribute as A;
         let info = DeviceInfo {
             ordinal,
             name: ctx.name()?,
-            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            sm_count,
+            sm_id_bound,
             compute_capability: (
                 attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
                 attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -119,6 +130,24 @@ impl Gpu {
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
         Ok(self.ctx.new_stream()?)
     }
+}
+
+/// `%nsmid`, read by one thread of the module's `toga_sm_id_bound` kernel; `None` when the
+/// module has no such kernel (a PTX file from before it existed).
+fn sm_id_bound(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>) -> Result<Option<u32>> {
+    let Ok(f) = module.load_function("toga_sm_id_bound") else {
+        return Ok(None);
+    };
+    let stream = ctx.default_stream();
+    let mut out = stream.alloc_zeros::<u32>(1)?;
+    // SAFETY: the kernel writes one u32 through its argument.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&mut out)
+            .launch(crate::launch_config(1))?;
+    }
+    Ok(stream.clone_dtoh(&out)?.first().copied())
 }
 
 fn driver_version() -> i32 {

@@ -38,7 +38,11 @@ impl HeapBuilder {
         self
     }
 
-    /// Number of UAlloc arenas (default: one per SM).
+    /// Number of UAlloc arenas (default: one per SM id, [`DeviceInfo::sm_id_bound`]). Each
+    /// SM uses arena `%smid % n`, and an arena's semaphores are sized for the threads of one
+    /// SM, so `n` below the SM-id bound is refused ([`Error::TooFewArenas`]).
+    ///
+    /// [`DeviceInfo::sm_id_bound`]: crate::DeviceInfo::sm_id_bound
     pub fn arenas(mut self, n: u32) -> Self {
         self.arenas = Some(n);
         self
@@ -114,7 +118,17 @@ impl Heap {
     }
 
     fn create(gpu: &Gpu, stream: &Arc<CudaStream>, b: HeapBuilder) -> Result<Self> {
-        let arenas = b.arenas.unwrap_or(gpu.info().sm_count).max(1) as u64;
+        let bound = gpu.info().sm_id_bound.max(1);
+        let arenas = match b.arenas {
+            None => bound,
+            Some(n) if n >= bound => n,
+            Some(n) => {
+                return Err(Error::TooFewArenas {
+                    arenas: n,
+                    sm_ids: bound,
+                });
+            }
+        } as u64;
         let total =
             Geometry::allocation_bytes(b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
         let free = gpu.free_memory()?;

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg, sys};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg, sys};
 
 use crate::error::Result;
 use crate::gpu::Gpu;
@@ -111,6 +111,21 @@ impl Workloads {
         tag: u32,
     ) -> Result<()> {
         let n = ptrs.len().min(sizes.len()) as u64;
+        self.alloc_fill_with(stream, heap, ptrs, sizes, tag, launch_config(n))
+    }
+
+    /// [`alloc_fill`](Self::alloc_fill) on the grid `config`: thread `t` takes the indices
+    /// `t, t + grid threads, ...` (a single block keeps every request on one SM).
+    pub fn alloc_fill_with(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        ptrs: &mut CudaSlice<u64>,
+        sizes: &CudaSlice<u32>,
+        tag: u32,
+        config: LaunchConfig,
+    ) -> Result<()> {
+        let n = ptrs.len().min(sizes.len()) as u64;
         // SAFETY: `ptrs` and `sizes` hold `n` elements; the heap is initialized.
         unsafe {
             stream
@@ -120,7 +135,7 @@ impl Workloads {
                 .arg(sizes)
                 .arg(&n)
                 .arg(&tag)
-                .launch(launch_config(n))?;
+                .launch(config)?;
         }
         Ok(())
     }
@@ -139,6 +154,33 @@ impl Workloads {
         errors: &mut CudaSlice<u64>,
     ) -> Result<()> {
         let n = ptrs.len().min(sizes.len()) as u64;
+        self.check_free_with(
+            stream,
+            heap,
+            ptrs,
+            sizes,
+            tag,
+            free,
+            errors,
+            launch_config(n),
+        )
+    }
+
+    /// [`check_free`](Self::check_free) on the grid `config` (indices as in
+    /// [`alloc_fill_with`](Self::alloc_fill_with)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_free_with(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        ptrs: &CudaSlice<u64>,
+        sizes: &CudaSlice<u32>,
+        tag: u32,
+        free: bool,
+        errors: &mut CudaSlice<u64>,
+        config: LaunchConfig,
+    ) -> Result<()> {
+        let n = ptrs.len().min(sizes.len()) as u64;
         let free = free as u32;
         // SAFETY: as for `alloc_fill`; `errors` has two words.
         unsafe {
@@ -151,7 +193,7 @@ impl Workloads {
                 .arg(&tag)
                 .arg(&free)
                 .arg(errors)
-                .launch(launch_config(n))?;
+                .launch(config)?;
         }
         Ok(())
     }

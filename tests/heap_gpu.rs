@@ -155,6 +155,89 @@ fn exactly_k_large_blocks_fit_and_the_rest_fail() {
     assert_eq!(w.probe(&stream, &heap).unwrap().free_bytes, capacity);
 }
 
+/// A heap has one arena per SM id (`%nsmid`), and fewer are refused: an arena's semaphores
+/// are sized for the threads of one SM (INV(SEM2)).
+#[test]
+fn a_heap_has_one_arena_per_sm_id() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let info = gpu.info().clone();
+    eprintln!("SMs {}, SM-id bound {}", info.sm_count, info.sm_id_bound);
+    assert!(info.sm_id_bound >= info.sm_count);
+    let heap = Heap::new(&gpu, &stream, 64 << 20).unwrap();
+    assert_eq!(heap.geometry().arenas, info.sm_id_bound as u64);
+    let few = Heap::builder(64 << 20)
+        .arenas(info.sm_id_bound - 1)
+        .create(&gpu, &stream);
+    assert!(
+        matches!(few, Err(toga::Error::TooFewArenas { .. })),
+        "fewer arenas than SM ids must be refused"
+    );
+    let more = Heap::builder(64 << 20)
+        .arenas(info.sm_id_bound + 3)
+        .create(&gpu, &stream)
+        .unwrap();
+    assert_eq!(more.geometry().arenas, info.sm_id_bound as u64 + 3);
+}
+
+/// One SM holds more free 16 B slots than a 24-bit count can (issue 13, item 3). A single block
+/// of 1024 threads (so one SM, one arena) allocates 2^23 + 2^18 blocks of 16 B, checks and frees
+/// them, and must then get them all again; after a trim the heap is one whole block again.
+/// With the arena semaphores' old 24-bit count, C wrapped below zero after the frees: the
+/// second round found no units, and no trim could take an empty bin back.
+#[test]
+fn one_sm_frees_more_slots_than_a_24_bit_count_holds() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let heap = Heap::new(&gpu, &stream, 256 << 20).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let n = (1usize << 23) + (1 << 18);
+    let d_sizes = stream.clone_htod(&vec![16u32; n]).unwrap();
+    let one_block = cudarc::driver::LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for round in 0..2 {
+        let mut ptrs = stream.alloc_zeros::<u64>(n).unwrap();
+        w.alloc_fill_with(&stream, &heap, &mut ptrs, &d_sizes, round, one_block)
+            .unwrap();
+        let mut host = stream.clone_dtoh(&ptrs).unwrap();
+        let got = host.iter().filter(|&&p| p != 0).count();
+        assert_eq!(got, n, "round {round}: every 16 B request served on one SM");
+        host.sort_unstable();
+        host.dedup();
+        assert_eq!(host.len(), n, "round {round}: a block was handed out twice");
+        let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+        w.check_free_with(
+            &stream,
+            &heap,
+            &ptrs,
+            &d_sizes,
+            round,
+            true,
+            &mut errors,
+            one_block,
+        )
+        .unwrap();
+        assert_eq!(
+            stream.clone_dtoh(&errors).unwrap()[0],
+            0,
+            "corrupted patterns"
+        );
+        let s = heap.stats(&stream).unwrap();
+        assert_eq!(s.live_blocks(), 0, "{s:?}");
+        assert_eq!(
+            (s.frees, s.double_frees, s.invalid_frees),
+            ((round as u64 + 1) * n as u64, 0, 0)
+        );
+    }
+    heap.trim(&stream).unwrap();
+    let probe = w.probe(&stream, &heap).unwrap();
+    assert_eq!(probe.free_bytes, heap.capacity());
+    assert!(probe.whole_heap_block);
+}
+
 #[test]
 fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
     let gpu = gpu_or_skip!();

@@ -167,17 +167,10 @@ fn check(r: sys::CUresult) -> toga::Result<()> {
 /// kind a semaphore line and a chunk-list line). Prints arenas with promises, reservations or
 /// held locks.
 fn print_arenas(raw: &[u8], arenas: usize, arena_bytes: usize) {
-    use toga_kernels::bulk_semaphore::{C_SHIFT, E_SHIFT, MAX_EXPECTED, MAX_RESERVED};
+    use toga_kernels::bulk_semaphore::{Fields, PerSm};
     let word = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap());
     let word32 = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap());
-    let sem = |at: usize| {
-        let w = word(at);
-        (
-            (w as i64) >> C_SHIFT,
-            (w >> E_SHIFT) & MAX_EXPECTED as u64,
-            w & MAX_RESERVED as u64,
-        )
-    };
+    let sem = |at: usize| Fields::<PerSm>::decode(word(at));
     const LINE: usize = 128;
     let classes = toga_kernels::size_class::NUM_CLASSES;
     for a in 0..arenas {

@@ -2,16 +2,22 @@
 //! the demand needs (Gelado & Garland, PPoPP 2019, Algorithm 1), with its hot path on one
 //! `fetch_add`.
 //!
-//! Three counters live in one 64-bit word (INV(SEM1)):
+//! Three counters live in one 64-bit word (INV(SEM1)), cut by a [`Layout`]:
 //!
 //! ```text
-//!  63               40 39                19 18                0
-//! ┌───────────────────┬────────────────────┬───────────────────┐
-//! │ C: available (24 b,│ E: expected (21 b) │ R: reserved (19 b) │
-//! │  two's complement) │ promised refills   │ spinning waiters   │
-//! └───────────────────┴────────────────────┴───────────────────┘
+//!  63          C_SHIFT            E_SHIFT               0
+//! ┌──────────────────┬──────────────────┬──────────────────┐
+//! │ C: available     │ E: expected      │ R: reserved      │
+//! │ (two's compl.)   │ promised refills │ spinning waiters │
+//! └──────────────────┴──────────────────┴──────────────────┘
+//!  Global (TBuddy's orders):      C 24 b │ E 21 b │ R 19 b
+//!  PerSm  (UAlloc's arena words): C 32 b │ E 20 b │ R 12 b
 //!  fast path: fetch_add(-(n << C_SHIFT))  — a borrow out of bit 63 is simply lost
 //! ```
+//!
+//! The widths follow who may wait: every thread on the GPU for a [`Global`] semaphore (R must
+//! hold 2^19 - 1), the threads of one SM for a [`PerSm`] one, which frees 8 bits for C so that
+//! an arena's free slots cannot overflow it in any heap toga can lay out (INV(SEM2)).
 //!
 //! All-zero is a valid empty semaphore (`new(0)`), so zeroed device memory needs no init.
 //!
@@ -49,14 +55,18 @@
 //!
 //! # Invariants (`docs/invariants.md`)
 //! - SEM1: C, E, R live in one word as drawn; all-zero is the empty semaphore.
-//! - SEM2: `E <= MAX_EXPECTED`, `R <= MAX_RESERVED`, `0 <= C <= MAX_AVAILABLE` (real count).
-//!   The bounds are physical, not checked on the hot path: R is at most one unit per thread
-//!   resident on the GPU (a group's leader reserves for its lanes), and the GPUs toga runs on
-//!   hold far fewer than 2^19 threads at once (H100/H200: 132 SMs × 2,048 = 270,336). E is
-//!   the standing promises (at most R + batch, since a promise stands only where it covered
-//!   uncovered reservations, INV(SEM6)) plus conversions being undone, at most one per waiter
-//!   of batch - n each: TBuddy's batch - n is 1, and UAlloc's semaphores are per SM
-//!   (2,048 threads × 511 < 2^21). C's bound is the pool's duty.
+//! - SEM2: `E <= MAX_EXPECTED`, `R <= MAX_RESERVED`, `0 <= C <= MAX_AVAILABLE` (real count),
+//!   each per [`Layout`]. The bounds are physical, not checked on the hot path. R is at most
+//!   one unit per thread that may wait (a group's leader reserves for its lanes): for a
+//!   [`Global`] semaphore every thread resident on the GPU, far fewer than 2^19 on the GPUs
+//!   toga runs on (H100/H200: 132 SMs × 2,048 = 270,336); for a [`PerSm`] one the threads of
+//!   one SM (at most 2,048; the heap gives every SM id an arena of its own). E is the standing
+//!   promises (at most R + batch, since a promise stands only where it covered uncovered
+//!   reservations, INV(SEM6)) plus conversions being undone, at most one per waiter of
+//!   batch - n each: TBuddy's batch - n is 1, and UAlloc's batches are at most 256 slots
+//!   (2,048 + 256 + 2,048 × 255 < 2^20). C's bound is the pool's: a TBuddy order holds fewer
+//!   than 2^23 blocks, and an arena's free slots of one class are fewer than the slots of
+//!   the largest heap, < 2^31 (asserted in `ualloc/layout.rs`).
 //!   Every field shrinks only by amounts the same thread added, so no add borrows or
 //!   carries between fields.
 //! - SEM3: the C field may read below the real count by the deductions of fast paths and
@@ -80,39 +90,90 @@
 //! and fails) only when every unit and every promise is spoken for by other waiters, so with K
 //! units and 2K one-unit requests exactly K succeed.
 
+use core::marker::PhantomData;
+
 use crate::platform::{self, Atomic64, Backoff};
 
-/// Bit position of R (units reserved by spinning waiters).
-pub const R_SHIFT: u32 = 0;
-/// Width of R: more than the threads resident on any GPU at once (INV(SEM2)).
-pub const R_BITS: u32 = 19;
-/// Bit position of E (units promised by refilling threads).
-pub const E_SHIFT: u32 = R_SHIFT + R_BITS;
-/// Width of E (INV(SEM2)).
-pub const E_BITS: u32 = 21;
-/// Bit position of C (available units): the top of the word, so that a fast-path subtraction
-/// that goes below zero borrows out of bit 63 and disturbs neither E nor R.
-pub const C_SHIFT: u32 = E_SHIFT + E_BITS;
-/// Width of C, sign bit included.
-pub const C_BITS: u32 = 64 - C_SHIFT;
+/// How a semaphore's word is cut: R at the bottom, then E, then C to the top, so that a
+/// fast-path subtraction that goes below zero borrows out of bit 63 and disturbs neither E nor
+/// R (INV(SEM1)). Each layout's widths hold the bounds of INV(SEM2) for its waiters.
+pub trait Layout {
+    /// Width of R (units reserved by spinning waiters).
+    const R_BITS: u32;
+    /// Width of E (units promised by refilling threads).
+    const E_BITS: u32;
+}
 
-/// Largest R (the largest total of reservations, INV(SEM2)).
-pub const MAX_RESERVED: u32 = (1 << R_BITS) - 1;
-/// Largest E (INV(SEM2)).
-pub const MAX_EXPECTED: u32 = (1 << E_BITS) - 1;
-/// Largest number of units C may hold. The sign bit keeps the room for transient fast-path
-/// deductions (INV(SEM3)); the pool that uses a semaphore must never hold more than this.
-pub const MAX_AVAILABLE: u32 = (1 << (C_BITS - 1)) - 1;
+/// For a semaphore any thread of the GPU may wait on (TBuddy's orders): R 19, E 21, C 24 bits.
+pub struct Global;
 
-const R_MASK: u64 = (MAX_RESERVED as u64) << R_SHIFT;
-const E_MASK: u64 = (MAX_EXPECTED as u64) << E_SHIFT;
+impl Layout for Global {
+    const R_BITS: u32 = 19;
+    const E_BITS: u32 = 21;
+}
 
-const _: () = assert!(R_SHIFT + R_BITS == E_SHIFT && E_SHIFT + E_BITS == C_SHIFT);
-const _: () = assert!(C_SHIFT + C_BITS == 64 && C_BITS >= 2);
-const _: () = assert!(R_MASK & E_MASK == 0);
-// INV(SEM3): transient deductions are bounded like reservations (waiters in flight times their
-// n); C's negative half must hold them next to a full C without wrapping.
-const _: () = assert!(MAX_AVAILABLE as u64 >= 2 * MAX_RESERVED as u64);
+/// For a semaphore only the threads of one SM wait on (UAlloc's arena semaphores): R 12,
+/// E 20, C 32 bits, so that C holds every slot of the largest heap.
+pub struct PerSm;
+
+impl Layout for PerSm {
+    const R_BITS: u32 = 12;
+    const E_BITS: u32 = 20;
+}
+
+/// The fields of layout `L`: shifts and bounds.
+pub struct Fields<L>(PhantomData<L>);
+
+impl<L: Layout> Fields<L> {
+    /// Bit position of R.
+    pub const R_SHIFT: u32 = 0;
+    /// Bit position of E.
+    pub const E_SHIFT: u32 = L::R_BITS;
+    /// Bit position of C: the top of the word.
+    pub const C_SHIFT: u32 = L::R_BITS + L::E_BITS;
+    /// Width of C, sign bit included.
+    pub const C_BITS: u32 = 64 - Self::C_SHIFT;
+    /// Largest R (the largest total of reservations, INV(SEM2)).
+    pub const MAX_RESERVED: u32 = (1 << L::R_BITS) - 1;
+    /// Largest E (INV(SEM2)).
+    pub const MAX_EXPECTED: u32 = (1 << L::E_BITS) - 1;
+    /// Largest number of units C may hold. The sign bit keeps the room for transient
+    /// fast-path deductions (INV(SEM3)); the pool that uses a semaphore must never hold more.
+    pub const MAX_AVAILABLE: u32 = ((1u64 << (Self::C_BITS - 1)) - 1) as u32;
+    const R_MASK: u64 = (Self::MAX_RESERVED as u64) << Self::R_SHIFT;
+    const E_MASK: u64 = (Self::MAX_EXPECTED as u64) << Self::E_SHIFT;
+    /// Checked where a semaphore is made.
+    const VALID: () = {
+        assert!(L::R_BITS >= 1 && L::E_BITS >= 1 && Self::C_SHIFT <= 62);
+        assert!(Self::C_BITS <= 33, "C must fit a u32 count");
+        // INV(SEM3): transient deductions are bounded like reservations (waiters in flight
+        // times their n); C's negative half must hold them next to a full C without wrapping.
+        assert!(Self::MAX_AVAILABLE as u64 >= 2 * Self::MAX_RESERVED as u64);
+    };
+
+    /// `(C, E, R)` of a raw semaphore word, C sign-extended (for tools that read a copy of
+    /// device memory).
+    pub const fn decode(word: u64) -> (i64, u64, u64) {
+        (
+            (word as i64) >> Self::C_SHIFT,
+            (word & Self::E_MASK) >> Self::E_SHIFT,
+            (word & Self::R_MASK) >> Self::R_SHIFT,
+        )
+    }
+
+    #[inline(always)]
+    const fn c_units(n: u32) -> u64 {
+        (n as u64) << Self::C_SHIFT
+    }
+    #[inline(always)]
+    const fn e_units(n: u32) -> u64 {
+        (n as u64) << Self::E_SHIFT
+    }
+    #[inline(always)]
+    const fn r_units(n: u32) -> u64 {
+        (n as u64) << Self::R_SHIFT
+    }
+}
 
 /// Pause per reserved waiter between two polls of a spinning waiter (see `spin_reserved`).
 pub const SPIN_NS_PER_WAITER: u32 = 8;
@@ -142,44 +203,36 @@ struct Counters {
 
 impl Counters {
     #[inline(always)]
-    fn unpack(word: u64) -> Self {
+    fn unpack<L: Layout>(word: u64) -> Self {
+        let (c, e, r) = Fields::<L>::decode(word);
         Self {
-            // Arithmetic shift: C is the signed top field.
-            c: (word as i64) >> C_SHIFT,
-            e: ((word & E_MASK) >> E_SHIFT) as i64,
-            r: ((word & R_MASK) >> R_SHIFT) as i64,
+            c,
+            e: e as i64,
+            r: r as i64,
         }
     }
 }
 
-#[inline(always)]
-const fn c_units(n: u32) -> u64 {
-    (n as u64) << C_SHIFT
-}
-#[inline(always)]
-const fn e_units(n: u32) -> u64 {
-    (n as u64) << E_SHIFT
-}
-#[inline(always)]
-const fn r_units(n: u32) -> u64 {
-    (n as u64) << R_SHIFT
-}
-
-/// A bulk semaphore (see the module doc). 8 bytes; zeroed memory is `new(0)`.
+/// A bulk semaphore (see the module doc) whose word is cut by layout `L`. 8 bytes; zeroed
+/// memory is `new(0)`.
 #[repr(C)]
-pub struct BulkSemaphore {
+pub struct BulkSemaphore<L: Layout = Global> {
     /// C, E and R packed as in the module diagram. INV(SEM1): every update is one atomic
     /// operation on this word; INV(SEM2): no update carries or borrows from one field into the
     /// next, except a borrow out of C (bit 63), which is lost.
     word: Atomic64,
+    layout: PhantomData<L>,
 }
 
-impl BulkSemaphore {
+impl<L: Layout> BulkSemaphore<L> {
     /// A semaphore holding `available` units (`available <= MAX_AVAILABLE`).
     pub fn new(available: u32) -> Self {
-        debug_assert!(available <= MAX_AVAILABLE);
+        #[allow(clippy::let_unit_value)]
+        let () = Fields::<L>::VALID;
+        debug_assert!(available <= Fields::<L>::MAX_AVAILABLE);
         Self {
-            word: Atomic64::new(c_units(available)),
+            word: Atomic64::new(Fields::<L>::c_units(available)),
+            layout: PhantomData,
         }
     }
 
@@ -188,17 +241,21 @@ impl BulkSemaphore {
     /// never hangs when a refill fails (INV(SEM6)).
     #[inline]
     pub fn wait(&self, n: u32, batch: u32) -> Wait {
-        debug_assert!(n <= batch && n <= MAX_RESERVED && batch - n <= MAX_EXPECTED);
+        debug_assert!(
+            n <= batch && n <= Fields::<L>::MAX_RESERVED && batch - n <= Fields::<L>::MAX_EXPECTED
+        );
         if n == 0 {
             return Wait::Acquired;
         }
         // INV(SEM7): acquire pairs with the release in `signal`/`release` that published the units.
-        let old = self.word.fetch_add_acquire(c_units(n).wrapping_neg());
-        if Counters::unpack(old).c >= n as i64 {
+        let old = self
+            .word
+            .fetch_add_acquire(Fields::<L>::c_units(n).wrapping_neg());
+        if Counters::unpack::<L>(old).c >= n as i64 {
             return Wait::Acquired;
         }
         // INV(SEM3): C was short; give the units back and reserve them in the same add.
-        let reserve = c_units(n) + r_units(n);
+        let reserve = Fields::<L>::c_units(n) + Fields::<L>::r_units(n);
         let old = self.word.fetch_add_relaxed(reserve);
         self.spin_reserved(n, batch, old.wrapping_add(reserve))
     }
@@ -207,9 +264,11 @@ impl BulkSemaphore {
     #[cold]
     fn wait_slow(&self, n: u32, batch: u32) -> Wait {
         // Relaxed: a reservation publishes nothing; the take that ends it is an acquire.
-        let old = self.word.fetch_add_relaxed(r_units(n));
-        debug_assert!(Counters::unpack(old).r + (n as i64) <= MAX_RESERVED as i64);
-        self.spin_reserved(n, batch, old.wrapping_add(r_units(n)))
+        let old = self.word.fetch_add_relaxed(Fields::<L>::r_units(n));
+        debug_assert!(
+            Counters::unpack::<L>(old).r + (n as i64) <= Fields::<L>::MAX_RESERVED as i64
+        );
+        self.spin_reserved(n, batch, old.wrapping_add(Fields::<L>::r_units(n)))
     }
 
     /// Hold a reservation of `n` (in R) until units or a refill duty end it; `word` is the
@@ -220,17 +279,17 @@ impl BulkSemaphore {
     #[inline(never)]
     fn spin_reserved(&self, n: u32, batch: u32, mut word: u64) -> Wait {
         let need = n as i64;
-        let take = c_units(n) + r_units(n);
-        let promise = e_units(batch - n).wrapping_sub(r_units(n));
+        let take = Fields::<L>::c_units(n) + Fields::<L>::r_units(n);
+        let promise = Fields::<L>::e_units(batch - n).wrapping_sub(Fields::<L>::r_units(n));
         let mut backoff = Backoff::new();
         loop {
-            let s = Counters::unpack(word);
+            let s = Counters::unpack::<L>(word);
             if s.c >= need {
                 // INV(SEM7): acquire pairs with the release in `signal`/`release`. C and R move
                 // together, so the transient leaves `R - C` (what other waiters decide on)
                 // unchanged.
                 let old = self.word.fetch_add_acquire(take.wrapping_neg());
-                if Counters::unpack(old).c >= need {
+                if Counters::unpack::<L>(old).c >= need {
                     return Wait::Acquired;
                 }
                 // INV(SEM3): another waiter took them first; put back C and our reservation.
@@ -238,8 +297,8 @@ impl BulkSemaphore {
             } else if s.r > s.c.max(0) + s.e {
                 // Uncovered: turn our reservation into a refill promise (INV(SEM4)). Acquire:
                 // the decision stays after the loads that led to it.
-                let old = Counters::unpack(self.word.fetch_add_acquire(promise));
-                debug_assert!(old.e + ((batch - n) as i64) <= MAX_EXPECTED as i64);
+                let old = Counters::unpack::<L>(self.word.fetch_add_acquire(promise));
+                debug_assert!(old.e + ((batch - n) as i64) <= Fields::<L>::MAX_EXPECTED as i64);
                 if old.r > old.c.max(0) + old.e {
                     // INV(SEM6): the state our add replaced was uncovered; the promise stands.
                     return Wait::MustRefill;
@@ -262,20 +321,21 @@ impl BulkSemaphore {
     /// successful refill (`signal(batch - n, batch - n)` after [`Wait::MustRefill`]).
     #[inline]
     pub fn signal(&self, n: u32, expected: u32) {
-        debug_assert!(Counters::unpack(self.word.load_relaxed()).e >= expected as i64);
+        debug_assert!(Counters::unpack::<L>(self.word.load_relaxed()).e >= expected as i64);
         // INV(SEM2): E >= expected (this thread added it), so the E subtraction never borrows.
         // INV(SEM7): release pairs with the acquire in `wait`/`try_wait` of whoever takes them.
-        self.word
-            .fetch_add_release(c_units(n).wrapping_sub(e_units(expected)));
+        self.word.fetch_add_release(
+            Fields::<L>::c_units(n).wrapping_sub(Fields::<L>::e_units(expected)),
+        );
     }
 
     /// Withdraw a promise of `expected` units (`E -= expected`): a refill that failed. Waiters
     /// that counted on it notice and retry (INV(SEM6)).
     #[inline]
     pub fn retract(&self, expected: u32) {
-        debug_assert!(Counters::unpack(self.word.load_relaxed()).e >= expected as i64);
+        debug_assert!(Counters::unpack::<L>(self.word.load_relaxed()).e >= expected as i64);
         // Relaxed: no units are published; spinners see the new E eventually.
-        self.word.fetch_sub_relaxed(e_units(expected));
+        self.word.fetch_sub_relaxed(Fields::<L>::e_units(expected));
     }
 
     /// Promise `expected` units without waiting (`E += expected`): for a producer that decided
@@ -286,10 +346,11 @@ impl BulkSemaphore {
     #[inline]
     pub fn promise(&self, expected: u32) {
         debug_assert!(
-            Counters::unpack(self.word.load_relaxed()).e + expected as i64 <= MAX_EXPECTED as i64
+            Counters::unpack::<L>(self.word.load_relaxed()).e + expected as i64
+                <= Fields::<L>::MAX_EXPECTED as i64
         );
         // Relaxed: publishes nothing; waiters that see it spin for the units instead of failing.
-        self.word.fetch_add_relaxed(e_units(expected));
+        self.word.fetch_add_relaxed(Fields::<L>::e_units(expected));
     }
 
     /// Return `n` units (`C += n`): `signal(n, 0)`.
@@ -305,7 +366,7 @@ impl BulkSemaphore {
     /// GPU) per call.
     #[inline]
     pub fn release_relaxed(&self, n: u32) {
-        self.word.fetch_add_relaxed(c_units(n));
+        self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
     }
 
     /// Take `n` units only if C holds them now; never refills, never spins.
@@ -316,12 +377,14 @@ impl BulkSemaphore {
     #[inline]
     pub fn try_wait(&self, n: u32) -> bool {
         // INV(SEM7): acquire pairs with the release in `signal`/`release`.
-        let old = self.word.fetch_add_acquire(c_units(n).wrapping_neg());
-        if Counters::unpack(old).c >= n as i64 {
+        let old = self
+            .word
+            .fetch_add_acquire(Fields::<L>::c_units(n).wrapping_neg());
+        if Counters::unpack::<L>(old).c >= n as i64 {
             return true;
         }
         // INV(SEM3): give the units back.
-        self.word.fetch_add_relaxed(c_units(n));
+        self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
         false
     }
 
@@ -362,8 +425,10 @@ impl BulkSemaphore {
         }
         let total = n * lanes;
         // INV(SEM7): acquire pairs with the release in `signal`/`release`.
-        let old = self.word.fetch_add_acquire(c_units(total).wrapping_neg());
-        let c = Counters::unpack(old).c;
+        let old = self
+            .word
+            .fetch_add_acquire(Fields::<L>::c_units(total).wrapping_neg());
+        let c = Counters::unpack::<L>(old).c;
         let served = if c <= 0 {
             0
         } else {
@@ -372,7 +437,7 @@ impl BulkSemaphore {
         let unused = total - served * n;
         if unused > 0 {
             // INV(SEM3): give back what the lanes that were not served deducted.
-            self.word.fetch_add_relaxed(c_units(unused));
+            self.word.fetch_add_relaxed(Fields::<L>::c_units(unused));
         }
         served
     }
@@ -384,12 +449,12 @@ impl BulkSemaphore {
 
     /// `(C, E, R)` as a relaxed snapshot, for tests and statistics (C clamped at 0).
     pub fn counters(&self) -> (u32, u32, u32) {
-        let s = Counters::unpack(self.word.load_relaxed());
+        let s = Counters::unpack::<L>(self.word.load_relaxed());
         (s.c.max(0) as u32, s.e as u32, s.r as u32)
     }
 }
 
-impl Default for BulkSemaphore {
+impl<L: Layout> Default for BulkSemaphore<L> {
     fn default() -> Self {
         Self::new(0)
     }
@@ -401,14 +466,14 @@ mod tests {
 
     #[test]
     fn zeroed_word_is_empty() {
-        let s = BulkSemaphore::new(0);
+        let s = BulkSemaphore::<Global>::new(0);
         assert_eq!(s.counters(), (0, 0, 0));
         assert_eq!(s.word.load_relaxed(), 0);
     }
 
     #[test]
     fn wait_refill_signal_single_thread() {
-        let s = BulkSemaphore::new(0);
+        let s = BulkSemaphore::<Global>::new(0);
         assert_eq!(s.wait(1, 4), Wait::MustRefill);
         assert_eq!(s.counters(), (0, 3, 0));
         s.signal(3, 3);
@@ -424,7 +489,7 @@ mod tests {
 
     #[test]
     fn try_wait_and_release() {
-        let s = BulkSemaphore::new(2);
+        let s = BulkSemaphore::<Global>::new(2);
         assert!(s.try_wait(2));
         assert!(!s.try_wait(1));
         s.release(1);
@@ -435,7 +500,7 @@ mod tests {
 
     #[test]
     fn fast_path_failure_rolls_back() {
-        let s = BulkSemaphore::new(1);
+        let s = BulkSemaphore::<Global>::new(1);
         assert_eq!(s.wait(2, 2), Wait::MustRefill);
         assert_eq!(s.counters(), (1, 0, 0));
         s.retract(0);
@@ -445,7 +510,7 @@ mod tests {
 
     #[test]
     fn collective_on_one_lane_is_wait() {
-        let s = BulkSemaphore::new(1);
+        let s = BulkSemaphore::<Global>::new(1);
         assert_eq!(s.wait_collective(1, 2), Wait::Acquired);
         assert_eq!(s.wait_collective(1, 2), Wait::MustRefill);
         assert_eq!(s.counters(), (0, 1, 0));
@@ -455,15 +520,48 @@ mod tests {
 
     #[test]
     fn fields_do_not_interfere_at_their_bounds() {
-        let s = BulkSemaphore::new(MAX_AVAILABLE);
-        assert_eq!(s.counters(), (MAX_AVAILABLE, 0, 0));
-        assert_eq!(s.wait(MAX_RESERVED, MAX_RESERVED), Wait::Acquired);
-        assert!(s.try_wait(MAX_AVAILABLE - MAX_RESERVED));
+        at_bounds::<Global>();
+        at_bounds::<PerSm>();
+    }
+
+    fn at_bounds<L: Layout>() {
+        let (max_available, max_reserved, max_expected) = (
+            Fields::<L>::MAX_AVAILABLE,
+            Fields::<L>::MAX_RESERVED,
+            Fields::<L>::MAX_EXPECTED,
+        );
+        let s = BulkSemaphore::<L>::new(max_available);
+        assert_eq!(s.counters(), (max_available, 0, 0));
+        assert_eq!(s.wait(max_reserved, max_reserved), Wait::Acquired);
+        assert!(s.try_wait(max_available - max_reserved));
         assert_eq!(s.counters(), (0, 0, 0));
         // A refiller promising the most E can hold.
-        assert_eq!(s.wait(1, MAX_EXPECTED + 1), Wait::MustRefill);
-        assert_eq!(s.counters(), (0, MAX_EXPECTED, 0));
-        s.signal(MAX_EXPECTED, MAX_EXPECTED);
-        assert_eq!(s.counters(), (MAX_EXPECTED, 0, 0));
+        assert_eq!(s.wait(1, max_expected + 1), Wait::MustRefill);
+        assert_eq!(s.counters(), (0, max_expected, 0));
+        s.signal(max_expected, max_expected);
+        assert_eq!(s.counters(), (max_expected, 0, 0));
+        // C just below and above the 24 bits of the global layout: a count the arena words
+        // must hold (an arena's free 16 B slots in a heap over 128 MiB).
+        let s = BulkSemaphore::<L>::new(0);
+        let big = (1u32 << 23) + 5;
+        if big <= max_available {
+            s.release(big);
+            assert_eq!(s.counters(), (big, 0, 0));
+            assert!(s.try_wait(big - 1));
+            assert!(!s.try_wait(2));
+            assert_eq!(s.counters(), (1, 0, 0));
+        }
+    }
+
+    #[test]
+    fn per_sm_layout_holds_a_count_the_global_one_cannot() {
+        const {
+            assert!(Fields::<PerSm>::MAX_AVAILABLE as u64 >= (1 << 31) - 1);
+            assert!(Fields::<Global>::MAX_AVAILABLE < (1 << 23) + 5);
+            // Every thread of an SM waiting, one unit each, with the largest batch UAlloc uses.
+            assert!(Fields::<PerSm>::MAX_RESERVED >= 2048);
+            assert!(Fields::<PerSm>::MAX_EXPECTED >= 2048 + 256 + 2048 * 255);
+            assert!(Fields::<Global>::MAX_RESERVED >= 132 * 2048);
+        }
     }
 }

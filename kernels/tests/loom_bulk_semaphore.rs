@@ -9,17 +9,17 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicI64, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 
-use toga_kernels::bulk_semaphore::{BulkSemaphore, Wait};
+use toga_kernels::bulk_semaphore::{BulkSemaphore, Global, Layout, PerSm, Wait};
 
 /// Units behind a semaphore, a refill budget, and a shadow count of the units that exist.
-struct Pool {
-    sem: BulkSemaphore,
+struct Pool<L: Layout = Global> {
+    sem: BulkSemaphore<L>,
     units: AtomicI64,
     refills_left: AtomicI64,
     got: AtomicUsize,
 }
 
-impl Pool {
+impl<L: Layout> Pool<L> {
     fn new(available: u32, refills: i64) -> Arc<Self> {
         Arc::new(Self {
             sem: BulkSemaphore::new(available),
@@ -58,7 +58,7 @@ impl Pool {
     }
 }
 
-fn run(pool: &Arc<Pool>, threads: usize, body: fn(&Pool)) {
+fn run<L: Layout + 'static>(pool: &Arc<Pool<L>>, threads: usize, body: fn(&Pool<L>)) {
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let pool = pool.clone();
@@ -75,7 +75,21 @@ fn run(pool: &Arc<Pool>, threads: usize, body: fn(&Pool)) {
 #[test]
 fn refill_then_exhaustion() {
     loom::model(|| {
-        let pool = Pool::new(0, 1);
+        let pool = Pool::<Global>::new(0, 1);
+        run(&pool, 3, |p| {
+            p.take();
+        });
+        assert_eq!(pool.got.load(SeqCst), 2);
+        assert_eq!(pool.sem.counters(), (0, 0, 0));
+    });
+}
+
+/// The same with the arena layout (R 12, E 20, C 32 bits): the algorithm does not depend on
+/// where the fields sit.
+#[test]
+fn refill_then_exhaustion_per_sm_layout() {
+    loom::model(|| {
+        let pool = Pool::<PerSm>::new(0, 1);
         run(&pool, 3, |p| {
             p.take();
         });
@@ -88,7 +102,7 @@ fn refill_then_exhaustion() {
 #[test]
 fn failed_refills_release_waiters() {
     loom::model(|| {
-        let pool = Pool::new(0, 0);
+        let pool = Pool::<Global>::new(0, 0);
         run(&pool, 3, |p| {
             assert!(!p.take());
         });
@@ -100,7 +114,7 @@ fn failed_refills_release_waiters() {
 #[test]
 fn try_wait_against_wait_and_release() {
     loom::model(|| {
-        let pool = Pool::new(1, 0);
+        let pool = Pool::<Global>::new(1, 0);
         let handles = [
             {
                 let p = pool.clone();

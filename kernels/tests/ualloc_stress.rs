@@ -1476,3 +1476,96 @@ fn concurrent_mallocs_after_free_all_without_a_trim_succeed() {
         );
     });
 }
+
+/// One arena holds more free 16 B slots than a 24-bit count can: 2^23 + 1 slots and more
+/// (issue 13, item 3). Four threads fill it through the group path, free everything, and the
+/// class's semaphore must then count every slot exactly; the heap must fill to the same
+/// capacity again and give every chunk back.
+#[test]
+fn an_arena_counts_more_free_slots_than_24_bits_hold() {
+    with_deadline(|| {
+        const THREADS: usize = 4;
+        let class = SizeClass::from_size(16);
+        let per_chunk = capacity(class, 1);
+        let chunks_needed = ((1usize << 23) + 1).div_ceil(per_chunk) + 1;
+        let (arenas, chunks) = heap(1, chunks_needed);
+        let ua = Arc::new(ualloc(arenas, &chunks));
+        let total = capacity(class, chunks_needed);
+        assert!(total > 1 << 23);
+        for round in 0..2 {
+            let blocks: Vec<Vec<usize>> = (0..THREADS)
+                .map(|_| {
+                    let ua = ua.clone();
+                    std::thread::spawn(move || {
+                        let mut mine = Vec::new();
+                        let mut out = [std::ptr::null_mut(); 32];
+                        loop {
+                            let n = if ua.malloc_bulk(16, &mut out) {
+                                out.len()
+                            } else {
+                                // Near the end a group of 32 may not fit: finish one by one.
+                                let p = ua.malloc(16);
+                                if p.is_null() {
+                                    break;
+                                }
+                                out[0] = p;
+                                1
+                            };
+                            for &p in &out[..n] {
+                                // SAFETY: a live 16 B block.
+                                unsafe { (p as *mut u64).write(p as u64 ^ round) };
+                                mine.push(p as usize);
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect();
+            let mut all: Vec<usize> = blocks.iter().flatten().copied().collect();
+            assert_eq!(
+                all.len(),
+                total,
+                "round {round}: the heap filled to its capacity"
+            );
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(
+                all.len(),
+                total,
+                "round {round}: a block was handed out twice"
+            );
+            for p in &all {
+                // SAFETY: live blocks written above.
+                assert_eq!(unsafe { (*p as *const u64).read() }, *p as u64 ^ round);
+            }
+            let handles: Vec<_> = blocks
+                .into_iter()
+                .map(|mine| {
+                    let ua = ua.clone();
+                    std::thread::spawn(move || {
+                        let mut outcomes = [FreeOutcome::Invalid; 64];
+                        for part in mine.chunks(64) {
+                            let ptrs: Vec<*mut u8> = part.iter().map(|&p| p as *mut u8).collect();
+                            // SAFETY: live blocks of this heap.
+                            unsafe { ua.free_bulk(&ptrs, &mut outcomes[..ptrs.len()]) };
+                            assert!(
+                                outcomes[..ptrs.len()]
+                                    == vec![FreeOutcome::Freed(class); ptrs.len()][..]
+                            );
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+            // Every slot is free and listed: C counts them all, past the 24-bit bound.
+            assert_eq!(arenas[0].slot_counters(class), (total as u32, 0, 0));
+            ua.assert_valid();
+        }
+        assert_all_returned(&ua, &chunks);
+    });
+}

@@ -3,6 +3,19 @@
 use crate::heap::{self, Heap};
 use crate::platform;
 
+/// `*out = %nsmid`, the bound of the SM ids: the host gives every SM id an arena of its own,
+/// so that only one SM's threads wait on an arena's semaphores (INV(SEM2), layout `PerSm`).
+///
+/// # Safety
+/// `out` points to one writable `u32`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_sm_id_bound(out: *mut u32) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { *out = platform::sm_count() };
+    }
+}
+
 /// Initialization, step 1: the grid's threads split the buddy tree between them.
 ///
 /// # Safety

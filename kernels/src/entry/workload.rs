@@ -21,7 +21,8 @@ fn count_error(errors: *const Atomic64, which: usize, n: u64) {
     }
 }
 
-/// `ptrs[i] = malloc(sizes[i])`, then fill the block with the pattern of `(i, tag)`.
+/// `ptrs[i] = malloc(sizes[i])`, then fill the block with the pattern of `(i, tag)`; each
+/// thread takes `i = tid, tid + grid threads, ...` (one index each when the grid has `n`).
 ///
 /// # Safety
 /// `ptrs` and `sizes` have `n` elements.
@@ -33,22 +34,25 @@ pub unsafe extern "ptx-kernel" fn toga_alloc_fill(
     n: u64,
     tag: u32,
 ) {
-    let i = tid();
-    if i as u64 >= n {
-        return;
-    }
     // SAFETY: kernel contract.
-    let (heap, size) = unsafe { (Heap::from_base(base), *sizes.add(i) as usize) };
-    let p = heap.malloc(size);
-    if !p.is_null() {
-        // SAFETY: `p` holds `size` bytes, aligned to 16.
-        unsafe { pattern::fill(p, size, i as u64, tag) };
+    let heap = unsafe { Heap::from_base(base) };
+    let mut i = tid() as u64;
+    while i < n {
+        // SAFETY: kernel contract.
+        let size = unsafe { *sizes.add(i as usize) } as usize;
+        let p = heap.malloc(size);
+        if !p.is_null() {
+            // SAFETY: `p` holds `size` bytes, aligned to 16.
+            unsafe { pattern::fill(p, size, i, tag) };
+        }
+        // SAFETY: kernel contract.
+        unsafe { *ptrs.add(i as usize) = p as u64 };
+        i += platform::grid_threads();
     }
-    // SAFETY: kernel contract.
-    unsafe { *ptrs.add(i) = p as u64 };
 }
 
-/// Check the pattern of `ptrs[i]` (if not null) and, when `free != 0`, free it.
+/// Check the pattern of `ptrs[i]` (if not null) and, when `free != 0`, free it; indices as in
+/// `toga_alloc_fill`.
 ///
 /// # Safety
 /// `ptrs`/`sizes` as filled by `toga_alloc_fill` with the same `tag`; `errors` has two words.
@@ -62,26 +66,26 @@ pub unsafe extern "ptx-kernel" fn toga_check_free(
     free: u32,
     errors: *const Atomic64,
 ) {
-    let i = tid();
-    if i as u64 >= n {
-        return;
-    }
     // SAFETY: kernel contract.
-    let (heap, p, size) = unsafe {
-        (
-            Heap::from_base(base),
-            *ptrs.add(i) as *mut u8,
-            *sizes.add(i) as usize,
-        )
-    };
-    if p.is_null() {
-        return;
-    }
-    // SAFETY: `p` is a live block of `size` bytes filled for `(i, tag)`.
-    count_error(errors, 0, unsafe { pattern::check(p, size, i as u64, tag) });
-    if free != 0 {
-        // SAFETY: `p` came from this heap and is freed once.
-        unsafe { heap.free(p) };
+    let heap = unsafe { Heap::from_base(base) };
+    let mut i = tid() as u64;
+    while i < n {
+        // SAFETY: kernel contract.
+        let (p, size) = unsafe {
+            (
+                *ptrs.add(i as usize) as *mut u8,
+                *sizes.add(i as usize) as usize,
+            )
+        };
+        if !p.is_null() {
+            // SAFETY: `p` is a live block of `size` bytes filled for `(i, tag)`.
+            count_error(errors, 0, unsafe { pattern::check(p, size, i, tag) });
+            if free != 0 {
+                // SAFETY: `p` came from this heap and is freed once.
+                unsafe { heap.free(p) };
+            }
+        }
+        i += platform::grid_threads();
     }
 }
 

@@ -70,7 +70,7 @@ pub mod index;
 
 use core::ops::Range;
 
-use crate::bulk_semaphore::{BulkSemaphore, MAX_AVAILABLE, Wait};
+use crate::bulk_semaphore::{BulkSemaphore, Fields, Global, Wait};
 use crate::platform::{self, Atomic32, Atomic64, Backoff};
 use index::AvailIndex;
 
@@ -95,7 +95,8 @@ const _: () = assert!(MAX_LEVELS < u32::BITS);
 // INV(SEM2): an order of `2^(MAX_ORDER - k)` nodes holds at most half of them Available (TB1:
 // siblings never both, except a pair in a free that is about to merge, one per resident
 // thread); the semaphore's C must hold that.
-const _: () = assert!((1u64 << (MAX_ORDER - 1)) + (1 << 19) <= MAX_AVAILABLE as u64);
+const _: () =
+    assert!((1u64 << (MAX_ORDER - 1)) + (1 << 19) <= Fields::<Global>::MAX_AVAILABLE as u64);
 const _: () = assert!(MAX_ORDER + PAGE_SHIFT < u64::BITS);
 
 /// Node state: Busy. Zero, so that zeroed memory is all Busy (INV(TB8)).

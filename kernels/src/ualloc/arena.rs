@@ -15,7 +15,7 @@
 //! Zeroed memory is a valid empty arena: every semaphore holds 0 units, every list is empty,
 //! every mutex is unlocked, the SRCU domain is idle.
 
-use crate::bulk_semaphore::BulkSemaphore;
+use crate::bulk_semaphore::{BulkSemaphore, Fields, PerSm};
 use crate::collective::CollectiveMutex;
 use crate::platform::{Atomic32, Atomic64};
 use crate::rcu::Srcu;
@@ -40,7 +40,7 @@ pub(crate) struct BinList {
 #[repr(C)]
 pub(crate) struct ClassState {
     /// Free slots in the listed bins (INV(UA2)); batch = slots per bin.
-    pub(crate) slots: Line<BulkSemaphore>,
+    pub(crate) slots: Line<BulkSemaphore<PerSm>>,
     pub(crate) list: Line<BinList>,
 }
 
@@ -60,7 +60,7 @@ pub(crate) struct ChunkList {
 #[repr(C)]
 pub(crate) struct KindState {
     /// Free bins in the partial chunks (INV(UA9)); batch = bins per chunk.
-    pub(crate) bins: Line<BulkSemaphore>,
+    pub(crate) bins: Line<BulkSemaphore<PerSm>>,
     pub(crate) chunks: Line<ChunkList>,
 }
 
@@ -74,6 +74,39 @@ pub struct Arena {
     /// others skip the arena instead of walking its lists again.
     pub(crate) trimming: Line<CollectiveMutex>,
 }
+
+// INV(SEM2) for the arena semaphores (layout `PerSm`). C: a class's free slots in one arena
+// are at most the slots of the largest heap with every chunk carved into that class's bins,
+// and a kind's free bins at most its bins. E: a batch is one bin's slots (or one chunk's
+// bins), and every thread of an SM may wait at once (2,048 on sm_70–sm_90).
+const _: () = {
+    let chunks = crate::heap::MAX_HEAP_BYTES / crate::ualloc::layout::CHUNK_SIZE as u64;
+    let max_c = Fields::<PerSm>::MAX_AVAILABLE as u64;
+    let mut i = 0;
+    let mut batch = crate::ualloc::layout::SMALL_BINS as u64;
+    while i < NUM_CLASSES {
+        let slots = SizeClass::ALL[i].slots() as u64;
+        let bins = match SizeClass::ALL[i].kind() {
+            BinKind::Small => crate::ualloc::layout::SMALL_BINS,
+            BinKind::Large => crate::ualloc::layout::LARGE_BINS,
+        } as u64;
+        assert!(
+            chunks * bins * slots <= max_c,
+            "an arena's free slots overflow C"
+        );
+        if slots > batch {
+            batch = slots;
+        }
+        i += 1;
+    }
+    assert!(chunks * crate::ualloc::layout::SMALL_BINS as u64 <= max_c);
+    const THREADS_PER_SM: u64 = 2048;
+    assert!(THREADS_PER_SM <= Fields::<PerSm>::MAX_RESERVED as u64);
+    assert!(
+        THREADS_PER_SM + batch + THREADS_PER_SM * (batch - 1)
+            <= Fields::<PerSm>::MAX_EXPECTED as u64
+    );
+};
 
 #[cfg(not(loom))]
 const _: () =
