@@ -1569,3 +1569,128 @@ fn an_arena_counts_more_free_slots_than_24_bits_hold() {
         assert_all_returned(&ua, &chunks);
     });
 }
+
+/// Memory flows between arenas before any null (issue 13, item 2): arena 0 holds one 16 B
+/// block, so its chunk holds 123 free bins and its first bin 255 free slots. Arena 1 then
+/// fills the rest of the heap with 16 B blocks: its own chunk, then the bins it carves in
+/// arena 0's chunk (`carve_elsewhere`), then arena 0's free slots (`steal_slot`): every slot
+/// but the one arena 0 holds, with no trim.
+#[test]
+fn an_arena_takes_free_bins_and_slots_from_another_before_null() {
+    with_deadline(|| {
+        const CHUNKS: usize = 2;
+        let (arenas, chunks) = heap(2, CHUNKS);
+        let ua = Arc::new(ualloc(arenas, &chunks));
+        let shadow = Arc::new(Shadow::default());
+        let (u, s) = (ua.clone(), shadow.clone());
+        let first = on_arena(2, 0, move || {
+            let p = u.malloc(16);
+            assert!(!p.is_null());
+            adopt_block(&u, &s, p, 16, 1);
+            p as usize
+        });
+        let (u, s) = (ua.clone(), shadow.clone());
+        let rest: Vec<usize> = on_arena(2, 1, move || {
+            let mut got = Vec::new();
+            loop {
+                let p = u.malloc(16);
+                if p.is_null() {
+                    break;
+                }
+                adopt_block(&u, &s, p, 16, 2);
+                got.push(p as usize);
+            }
+            got
+        });
+        let class = SizeClass::from_size(16);
+        assert_eq!(rest.len(), capacity(class, CHUNKS) - 1);
+        assert_eq!(ua.arenas()[0].chunk_count(), 1);
+        assert_eq!(ua.arenas()[1].chunk_count(), 1);
+        ua.assert_valid();
+        for p in rest {
+            release_block(&ua, &shadow, p as *mut u8, 2);
+        }
+        release_block(&ua, &shadow, first as *mut u8, 1);
+        assert_all_returned(&ua, &chunks);
+    });
+}
+
+/// Arenas whose SMs adopted no chunk still get memory (issue 13, item 2). Arenas 0–3 each
+/// take one 16 B block, so each owns one of the heap's 4 chunks. Then threads on arenas 4–7
+/// ask for mixed small sizes (one kind), each until every size has returned null to it, three
+/// rounds. They must get at least 90% of the slot bytes left (before memory flowed between
+/// arenas they got none). Nothing overlaps, and everything comes back.
+#[test]
+fn arenas_without_chunks_fill_the_heap_from_the_others() {
+    with_deadline(|| {
+        const ARENAS: usize = 8;
+        const CHUNKS: usize = 4;
+        let (arenas, chunks) = heap(ARENAS, CHUNKS);
+        let ua = Arc::new(ualloc(arenas, &chunks));
+        let shadow = Arc::new(Shadow::default());
+        let firsts: Vec<usize> = (0..CHUNKS)
+            .map(|a| {
+                let (u, s) = (ua.clone(), shadow.clone());
+                on_arena(ARENAS, a, move || {
+                    let p = u.malloc(16);
+                    assert!(!p.is_null());
+                    adopt_block(&u, &s, p, 16, 99);
+                    p as usize
+                })
+            })
+            .collect();
+        assert_eq!(chunks.outstanding(), CHUNKS);
+        // Small kind only (16 B – 256 B), so every free bin can serve every request.
+        let sizes = [16usize, 32, 64, 128, 256];
+        let slot_bytes = CHUNKS * SMALL_BINS * PAGE_SIZE;
+        for round in 0..3u64 {
+            let handles: Vec<_> = (0..64u64)
+                .map(|t| {
+                    let (u, s) = (ua.clone(), shadow.clone());
+                    std::thread::spawn(move || {
+                        let mut got = Vec::new();
+                        if my_arena(ARENAS) < CHUNKS {
+                            return got;
+                        }
+                        let mut rng = Rng(round * 100 + t);
+                        // A size that returned null is not asked again: the thread goes on
+                        // with the others until every size has returned null once.
+                        let mut open: Vec<usize> = sizes.to_vec();
+                        while !open.is_empty() {
+                            let i = rng.below(open.len() as u64) as usize;
+                            let p = u.malloc(open[i]);
+                            if p.is_null() {
+                                open.swap_remove(i);
+                                continue;
+                            }
+                            adopt_block(&u, &s, p, open[i], round);
+                            got.push((p as usize, open[i]));
+                        }
+                        got
+                    })
+                })
+                .collect();
+            let blocks: Vec<(usize, usize)> = handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect();
+            let served: usize = blocks
+                .iter()
+                .map(|&(_, size)| SizeClass::from_size(size).size())
+                .sum();
+            assert!(
+                served * 10 >= slot_bytes * 9,
+                "round {round}: {served} of {slot_bytes} slot bytes served"
+            );
+            assert_eq!(chunks.outstanding(), CHUNKS, "no chunk moved");
+            ua.assert_valid();
+            for (p, _) in blocks {
+                release_block(&ua, &shadow, p as *mut u8, round);
+            }
+        }
+        for p in firsts {
+            release_block(&ua, &shadow, p as *mut u8, 99);
+        }
+        assert_all_returned(&ua, &chunks);
+    });
+}

@@ -217,7 +217,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             Wait::MustRefill => match self.alloc_slow(ai, class, 1) {
                 Some(bin) => slot_ptr(bin, class, 0),
-                None => ptr::null_mut(),
+                // Last: a free slot in another arena's bins (steal.rs).
+                None => self.steal_slot(ai, class),
             },
         }
     }
@@ -245,7 +246,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             };
             let bin = group.broadcast_u64(bin);
             return if bin == 0 {
-                ptr::null_mut()
+                // Last: each lane looks for a free slot in another arena's bins (steal.rs).
+                self.steal_slot(ai, class)
             } else {
                 slot_ptr(bin, class, rank)
             };

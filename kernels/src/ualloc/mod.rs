@@ -48,6 +48,7 @@ pub mod layout;
 mod alloc;
 mod free;
 mod refill;
+mod steal;
 mod validate;
 
 use crate::rcu::RcuHead;

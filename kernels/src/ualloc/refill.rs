@@ -20,7 +20,7 @@ pub(crate) const OOM_RETRIES: u32 = 4;
 
 /// The `rank`-th free bin on the partial list, in list order (under the list's mutex).
 /// INV(UA9): the caller holds `rank + 1` or more units of the bins semaphore, so it exists.
-fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, usize) {
+pub(crate) fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, usize) {
     let mut at = list.partial.load_relaxed();
     loop {
         assert!(at != 0, "INV(UA9): fewer free bins than semaphore units");
@@ -93,6 +93,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let addr = loop {
             if let Some(addr) = self.take_bin(ai, class.kind()) {
                 break addr;
+            }
+            // No chunk of our own: a free bin in another arena's chunks (steal.rs) comes
+            // before a trim, which walks every arena and waits for grace periods.
+            if let Some(addr) = self.carve_elsewhere(ai, class, k) {
+                slots.retract(rest);
+                return Some(addr);
             }
             // Out of chunks. Empty bins of other classes, and bins and chunks on their way
             // back, may be what is missing: give them back and try again before failing.
