@@ -1,13 +1,14 @@
 //! `cargo run -p report`: turn the benchmark CSVs (written by `benches/`, kept in `docs/results/`) into
-//! `docs/benchmarks.md`'s tables and two plots. Needs no GPU.
+//! `docs/benchmarks.md`'s tables and its plots. Needs no GPU.
 //!
 //! Inputs in the results directory: `<scenario>.csv` (rows `scenario,allocator,size,threads,state,
 //! metric,iteration,ms,failed,device[,rounds]`; `rounds`, the operations per thread in the timed
 //! kernel, is 1 where absent), `meta.txt` (GPU, driver, commit, date: one `key: value` per line)
 //! and `notes.md` (the hand-written analysis, copied in verbatim).
 //!
-//! Outputs: the markdown file, `throughput.png` (malloc and free throughput against size) and
+//! Outputs: the markdown file, `throughput.png` (malloc and free throughput against size),
 //! `scenarios.png` (the mixed, malloc-then-free and churn rates, and the time of one warm launch)
+//! and, when `u_utilization.csv` is there, `utilization.png` (utilization against heap size)
 //! beside the CSVs.
 
 use std::collections::BTreeMap;
@@ -99,6 +100,24 @@ fn size_key(s: &str) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// The bytes of a heap label such as `8MiB` or `1GiB` (the `state` column of `u_utilization`);
+/// `None` for other states (`fresh`, `warm`).
+fn heap_bytes(label: &str) -> Option<u64> {
+    let (number, shift) = [("KiB", 10), ("MiB", 20), ("GiB", 30), ("TiB", 40)]
+        .into_iter()
+        .find_map(|(unit, shift)| label.strip_suffix(unit).map(|n| (n, shift)))?;
+    number.trim().parse::<u64>().ok().map(|n| n << shift)
+}
+
+/// A byte count as a heap label: `8 MiB`, `1 GiB` (whole units only, else bytes).
+fn bytes_label(bytes: u64) -> String {
+    [("GiB", 30), ("MiB", 20), ("KiB", 10)]
+        .into_iter()
+        .find(|&(_, shift)| bytes >= 1 << shift && bytes.is_multiple_of(1 << shift))
+        .map(|(unit, shift)| format!("{} {unit}", bytes >> shift))
+        .unwrap_or_else(|| format!("{bytes} B"))
+}
+
 /// Medians per (allocator, size, threads, rounds, state, metric), with sample counts and failures.
 fn summarize(samples: &[Sample]) -> BTreeMap<Key, Cell> {
     let mut groups: BTreeMap<Key, Vec<&Sample>> = BTreeMap::new();
@@ -152,6 +171,13 @@ fn describe(scenario: &str) -> Option<&'static str> {
         }
         "e_fill_utilization" => {
             "fill: bytes handed out ÷ pool bytes (the median column holds the utilization)."
+        }
+        "u_utilization" => {
+            "utilization: on a fresh heap of the size in the heap column, rounds of one kernel of \
+             `threads` requests totalling about twice the heap (so many return null), then every \
+             block checked and freed, with no trim in between. Utilization is live block bytes \
+             (as the allocator rounds them) ÷ the heap's data bytes after each fill; the median \
+             column holds its median over the `n` rounds, `failed` the most nulls of a round."
         }
         "f_churn" => {
             "churn: every thread does `rounds` × (`malloc` a size drawn from the range, write and \
@@ -222,13 +248,9 @@ fn main() -> std::process::ExitCode {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("docs/benchmarks.md"));
     match run(&results, &doc) {
-        Ok(()) => {
-            println!(
-                "wrote {}, {} and {}",
-                doc.display(),
-                results.join(THROUGHPUT_PNG).display(),
-                results.join(SCENARIOS_PNG).display()
-            );
+        Ok(written) => {
+            let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            println!("wrote {}", names.join(", "));
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
@@ -241,9 +263,13 @@ fn main() -> std::process::ExitCode {
 /// The plots' file names, in the results directory.
 const THROUGHPUT_PNG: &str = "throughput.png";
 const SCENARIOS_PNG: &str = "scenarios.png";
+const UTILIZATION_PNG: &str = "utilization.png";
 
-/// Write `docs/benchmarks.md` and the plots.
-fn run(results: &Path, doc: &Path) -> Result<(), String> {
+/// The scenario of the utilization plot.
+const UTILIZATION: &str = "u_utilization";
+
+/// Write `docs/benchmarks.md` and the plots; returns the files written.
+fn run(results: &Path, doc: &Path) -> Result<Vec<PathBuf>, String> {
     let data = read(results).map_err(|e| format!("{}: {e}", results.display()))?;
     if data.is_empty() {
         return Err(format!("no CSV files in {}", results.display()));
@@ -269,6 +295,14 @@ fn run(results: &Path, doc: &Path) -> Result<(), String> {
         md,
         "![mixed, malloc-then-free, churn and warm-launch scenarios](results/{SCENARIOS_PNG})\n"
     );
+    let utilization_png = results.join(UTILIZATION_PNG);
+    let drew_utilization = utilization_plot(&data, &utilization_png)?;
+    if drew_utilization {
+        let _ = writeln!(
+            md,
+            "![utilization against heap size, median over rounds](results/{UTILIZATION_PNG})\n"
+        );
+    }
     for (scenario, samples) in &data {
         table(&mut md, scenario, &summarize(samples));
     }
@@ -276,7 +310,15 @@ fn run(results: &Path, doc: &Path) -> Result<(), String> {
     std::fs::write(doc, md).map_err(|e| format!("{}: {e}", doc.display()))?;
     throughput_plot(&data, &results.join(THROUGHPUT_PNG))?;
     scenarios_plot(&data, &results.join(SCENARIOS_PNG))?;
-    Ok(())
+    let mut written = vec![
+        doc.to_path_buf(),
+        results.join(THROUGHPUT_PNG),
+        results.join(SCENARIOS_PNG),
+    ];
+    if drew_utilization {
+        written.push(utilization_png);
+    }
+    Ok(written)
 }
 
 /// One scenario's section: heading, description, table of medians.
@@ -305,6 +347,8 @@ fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
     rows.sort_by_key(|((a, size, threads, rounds, state, metric), _)| {
         (
             size_key(size),
+            size.clone(),
+            heap_bytes(state).unwrap_or(0),
             *threads,
             *rounds,
             state.clone(),
@@ -611,4 +655,138 @@ fn bar_panel(
         }))
         .map_err(plot_err)?;
     Ok(())
+}
+
+/// Colours of the utilization plot's lines, one per size distribution in turn.
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+];
+
+/// One line of the utilization plot: its label, (log2 heap bytes, percent) points, and whether
+/// it is dashed (mixed sizes).
+type UtilLine = (String, Vec<(f64, f64)>, bool);
+
+/// The utilization plot's lines from `u_utilization`: one per allocator and size distribution
+/// (single sizes by size, then the mixed ones), points at the median utilization over rounds.
+fn utilization_lines(data: &BTreeMap<String, Vec<Sample>>) -> Vec<UtilLine> {
+    let Some(samples) = data.get(UTILIZATION) else {
+        return Vec::new();
+    };
+    let mut series: BTreeMap<(u64, String, String), Vec<(f64, f64)>> = BTreeMap::new();
+    for ((alloc, size, _, _, state, metric), cell) in summarize(samples) {
+        let Some(bytes) = heap_bytes(&state) else {
+            continue;
+        };
+        if metric != "utilization" || !cell.ms.is_finite() || bytes == 0 {
+            continue;
+        }
+        series
+            .entry((size_key(&size), size, alloc))
+            .or_default()
+            .push(((bytes as f64).log2(), cell.ms * 100.0));
+    }
+    series
+        .into_iter()
+        .map(|((key, size, alloc), mut points)| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mixed = key == u64::MAX;
+            let size = format!("{size} B");
+            let label = if alloc == "toga" {
+                size
+            } else {
+                format!("{size} ({alloc})")
+            };
+            (label, points, mixed)
+        })
+        .collect()
+}
+
+/// Utilization (percent of the heap's data bytes in live blocks when `malloc` returns null)
+/// against heap size on a log2 axis, the median over rounds: one line per size distribution,
+/// solid for single sizes, dashed for mixed ones. Returns whether it drew (only with data).
+fn utilization_plot(data: &BTreeMap<String, Vec<Sample>>, path: &Path) -> Result<bool, String> {
+    let lines = utilization_lines(data);
+    let (lo, hi) = lines
+        .iter()
+        .flat_map(|l| l.1.iter())
+        .fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p.0), hi.max(p.0))
+        });
+    if lines.is_empty() || lo > hi {
+        return Ok(false);
+    }
+    // One power of two of margin on each side; a label at every power of two.
+    let (lo, hi) = (lo.floor() - 1.0, hi.ceil() + 1.0);
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "utilization when malloc returns null, median over rounds",
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .margin_right(24)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(lo..hi, 0f64..105f64)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("heap size (data bytes)")
+        .y_desc("utilization (%)")
+        .x_labels((hi - lo) as usize + 1)
+        .x_label_formatter(&|v| {
+            if (v - v.round()).abs() < 1e-6 && (0.0..64.0).contains(v) {
+                bytes_label(1u64 << v.round() as u32)
+            } else {
+                String::new()
+            }
+        })
+        .y_labels(12)
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(plot_err)?;
+    for (i, (label, points, dashed)) in lines.into_iter().enumerate() {
+        let c = PALETTE[i % PALETTE.len()];
+        let style = c.stroke_width(2);
+        if dashed {
+            chart
+                .draw_series(DashedLineSeries::new(points.clone(), DASH, DASH_GAP, style))
+                .map_err(plot_err)?
+                .label(label)
+                .legend(move |(x, y)| {
+                    DashedPathElement::new(
+                        vec![(x, y), (x + LEGEND_LINE, y)],
+                        DASH,
+                        DASH_GAP,
+                        style,
+                    )
+                });
+        } else {
+            chart
+                .draw_series(LineSeries::new(points.clone(), style))
+                .map_err(plot_err)?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + LEGEND_LINE, y)], style));
+        }
+        chart
+            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, c.filled())))
+            .map_err(plot_err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(plot_err)?;
+    root.present().map_err(plot_err)?;
+    Ok(true)
 }

@@ -236,6 +236,11 @@ impl ChunkSource for HeapChunks<'_> {
         self.header.reserved.0.fetch_sub_relaxed(CHUNK_SIZE as u64);
         self.buddy.free(offset, CHUNK_ORDER);
     }
+
+    /// Free pages in chunks (one load; fragmentation may make fewer whole chunks available).
+    fn chunks_left(&self) -> usize {
+        (self.buddy.free_pages() >> CHUNK_ORDER) as usize
+    }
 }
 
 fn add_reserved(header: &HeapHeader, bytes: u64) {

@@ -3,8 +3,8 @@
 //! ```text
 //!  BinHeader (128 B, the bin's first block)
 //!  ┌──────────────────────────────┬──────┬──────┬──────┬──────┬──────┬────────┬─────┐
-//!  │ bitmap: 8 × u64 (512 slots)  │ next │ prev │ rcu  │ used │ info │ listed │ pad │
-//!  └──────────────────────────────┴──────┴──────┴──────┴──────┴──────┴────────┴─────┘
+//!  │ bitmap: 8 × u64 (512 slots)  │ next │ prev │ rcu  │ used │ info │ listed │ owner │ pad │
+//!  └──────────────────────────────┴──────┴──────┴──────┴──────┴──────┴────────┴───────┴─────┘
 //!   bit i of word w: slot 64w+i is taken, or does not exist (i ≥ slots: always set)
 //! ```
 //!
@@ -63,6 +63,11 @@ pub struct BinHeader {
     info: Atomic32,
     /// 1 while linked into its class list (INV(UA7)). Under the list's mutex only.
     pub(crate) listed: Atomic32,
+    /// Index of the arena that carved the bin: its class list, slot semaphore and SRCU domain
+    /// hold the bin while carved (INV(UA12)); usually the arena of the bin's chunk, another
+    /// one when the bin was taken from another arena's chunk (steal.rs). Set before the class
+    /// is published.
+    owner: Atomic32,
 }
 
 #[cfg(not(loom))]
@@ -146,13 +151,22 @@ impl BinHeader {
             used: Atomic32::new(0),
             info: Atomic32::new(0),
             listed: Atomic32::new(0),
+            owner: Atomic32::new(0),
         }
     }
 
-    /// Carve the bin for `class` with its first `claimed` slots taken. The caller owns the bin
-    /// exclusively (just taken from its chunk) and publishes it afterwards (list link, release).
+    /// Carve the bin for `class` with its first `claimed` slots taken, for arena 0: see
+    /// [`init_for`](Self::init_for).
     pub fn init(&self, class: SizeClass, claimed: u32) {
+        self.init_for(0, class, claimed)
+    }
+
+    /// Carve the bin for `class` with its first `claimed` slots taken, owned by arena `owner`
+    /// (INV(UA12)). The caller owns the bin exclusively (just taken from a chunk) and publishes
+    /// it afterwards (list link, release).
+    pub fn init_for(&self, owner: u32, class: SizeClass, claimed: u32) {
         debug_assert!(claimed <= class.slots());
+        self.owner.store_relaxed(owner);
         for (w, word) in self.bitmap.iter().enumerate() {
             word.store_relaxed(initial_word(w, class.slots(), claimed));
         }
@@ -179,6 +193,13 @@ impl BinHeader {
     pub fn class_hint(&self) -> Option<SizeClass> {
         let info = self.info.load_relaxed();
         SizeClass::from_index((info as usize).wrapping_sub(1))
+    }
+
+    /// The arena that carved the bin (INV(UA12)). Relaxed: read after [`class`](Self::class)
+    /// (an acquire) it belongs to the carving whose class was seen, or a later one.
+    #[inline(always)]
+    pub fn owner(&self) -> u32 {
+        self.owner.load_relaxed()
     }
 
     /// Mark the bin not carved (it goes back to its chunk; INV(UA5)).

@@ -152,19 +152,26 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         if !chunk.is_live() {
             return FreeOutcome::Invalid;
         }
-        let ai = chunk.arena.load_relaxed() as usize;
+        // The bin's owner, looked up optimistically: its read section guards the bin.
+        let Some((bin, _, _)) = locate(chunk, addr, false) else {
+            return FreeOutcome::Invalid;
+        };
+        let ai = bin.owner() as usize;
         let Some(arena) = self.arenas.get(ai) else {
             return FreeOutcome::Invalid;
         };
         let reader = arena.rcu.read_lock();
-        // INV(UA8)/INV(RCU1): re-checked inside the read section, the chunk stays UAlloc's (and
-        // this arena's) until we leave it.
-        if !chunk.is_live() || chunk.arena.load_relaxed() as usize != ai {
+        // INV(UA8)/INV(UA12)/INV(RCU1): re-checked inside the read section, the bin stays
+        // carved by this arena (and its chunk UAlloc's) until we leave it.
+        if !chunk.is_live() {
             return FreeOutcome::Invalid;
         }
         let Some((bin, class, slot)) = locate(chunk, addr, true) else {
             return FreeOutcome::Invalid;
         };
+        if bin.owner() as usize != ai {
+            return FreeOutcome::Invalid;
+        }
         let word = slot / WORD_BITS as u32;
         let bit = 1u64 << (slot % WORD_BITS as u32);
         let old = release_bits(arena, class, bin, word, bit);
@@ -187,8 +194,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let addr = p as usize;
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
         let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-        // Every lane of the group saw the same word, so the same chunk, bin and arena.
-        let ai = group.broadcast_u32(chunk.arena.load_relaxed()) as usize;
+        // Every lane of the group saw the same word, so the same chunk, bin and owner.
+        let owner = locate(chunk, addr, false).map_or(u32::MAX, |(bin, _, _)| bin.owner());
+        let ai = group.broadcast_u32(owner) as usize;
         let arena = self.arenas.get(ai);
         let reader = match (group.is_leader(), arena) {
             (true, Some(a)) => Some(a.rcu.read_lock()),
@@ -199,8 +207,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // slot in the word they were grouped by (INV(UA8)/INV(RCU1)).
         group.sync();
         let here = match arena {
-            Some(_) if chunk.is_live() && chunk.arena.load_relaxed() as usize == ai => {
-                locate(chunk, addr, true)
+            Some(_) if chunk.is_live() => {
+                locate(chunk, addr, true).filter(|(bin, _, _)| bin.owner() as usize == ai)
             }
             _ => None,
         };
@@ -276,8 +284,14 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             } else {
                 // SAFETY: the caller guarantees the block around each pointer is readable.
                 let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-                let ai = chunk.arena.load_relaxed() as usize;
-                (chunk.is_live() && ai < self.arenas.len()).then_some((chunk, ai))
+                let owner = chunk
+                    .is_live()
+                    .then(|| locate(chunk, addr, false))
+                    .flatten()
+                    .map(|(bin, _, _)| bin.owner() as usize);
+                owner
+                    .filter(|&ai| ai < self.arenas.len())
+                    .map(|ai| (chunk, ai))
             };
             let Some((chunk, ai)) = target else {
                 // SAFETY: forwarded.
@@ -287,8 +301,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             };
             let arena = &self.arenas[ai];
             let reader = arena.rcu.read_lock();
-            let Some((bin, class, slot)) =
-                chunk.is_live().then(|| locate(chunk, addr, true)).flatten()
+            let Some((bin, class, slot)) = chunk
+                .is_live()
+                .then(|| locate(chunk, addr, true))
+                .flatten()
+                .filter(|(bin, _, _)| bin.owner() as usize == ai)
             else {
                 drop(reader);
                 // SAFETY: forwarded.

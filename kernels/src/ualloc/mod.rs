@@ -70,6 +70,13 @@ pub trait ChunkSource {
     /// # Safety
     /// `chunk` came from `alloc_chunk` of this source and is not used any more.
     unsafe fn free_chunk(&self, chunk: *mut u8);
+
+    /// About how many chunks `alloc_chunk` could still hand out (a hint; default: plenty).
+    /// Fewer than there are arenas makes UAlloc carve bins from chunks other arenas already
+    /// hold before it takes a new one (steal.rs).
+    fn chunks_left(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// What [`UAlloc::free`] did.

@@ -90,15 +90,28 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let slots = &arena.class(class).slots.0;
         let rest = class.slots() - k;
         let mut retries = 0;
+        let kind = class.kind();
+        // Where a fresh bin comes from, in order: this arena's chunks; when the source holds
+        // fewer chunks than there are arenas (a small heap, or one nearly full), another
+        // arena's chunks before a new chunk, so that a few SMs do not hold every chunk while
+        // the others have none; the source; other arenas' chunks; and after a trim, all again.
+        let scarce = self.source.chunks_left() < self.arenas.len();
+        let first = if scarce && arena.kind(kind).bins.0.available() == 0 {
+            self.take_bin_elsewhere(ai, kind)
+        } else {
+            None
+        };
         let addr = loop {
-            if let Some(addr) = self.take_bin(ai, class.kind()) {
+            if let Some(addr) = first {
+                break addr;
+            }
+            if let Some(addr) = self.take_bin(ai, kind) {
                 break addr;
             }
             // No chunk of our own: a free bin in another arena's chunks (steal.rs) comes
             // before a trim, which walks every arena and waits for grace periods.
-            if let Some(addr) = self.carve_elsewhere(ai, class, k) {
-                slots.retract(rest);
-                return Some(addr);
+            if let Some(addr) = self.take_bin_elsewhere(ai, kind) {
+                break addr;
             }
             // Out of chunks. Empty bins of other classes, and bins and chunks on their way
             // back, may be what is missing: give them back and try again before failing.
@@ -111,7 +124,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         };
         // SAFETY: `take_bin` handed us this bin of a live chunk, exclusively.
         let bin = unsafe { bin_at(addr) };
-        bin.init(class, k);
+        // INV(UA12): ours, wherever its chunk is.
+        bin.init_for(ai as u32, class, k);
         if rest > 0 {
             let list = &arena.class(class).list.0;
             list.lock.lock_single();
@@ -151,6 +165,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 done += 1;
             }
             arena.trimming.0.unlock();
+        }
+        // A bin carved for one arena in another arena's chunk (INV(UA12)) that went back
+        // above may have emptied its chunk, whose return is queued in the chunk's arena,
+        // which the loop may have passed already. Chunk returns queue nothing more.
+        for arena in self.arenas {
+            if !arena.rcu.is_idle() && arena.trimming.0.try_acquire(1) {
+                arena.rcu.barrier(|head| self.run_callback(head));
+                arena.trimming.0.unlock();
+                done += 1;
+            }
         }
         done
     }

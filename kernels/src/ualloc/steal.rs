@@ -1,17 +1,19 @@
-//! Memory that flows between arenas before any null (issue 13, item 2).
+//! Memory that flows between arenas before any null (issue 13, items 2).
 //!
-//! An arena holds what its SM carved: chunks with bins not yet carved, and bins of each class
-//! with free slots. When its own arena and the source (after a trim) have nothing left, a
-//! thread takes from the other arenas before `malloc` returns null:
-//! 1. `alloc_slow` carves a free bin of another arena's chunk of the right kind
-//!    ([`UAlloc::carve_elsewhere`]);
-//! 2. when even that fails, each lane takes one free slot of its class from another arena's
-//!    listed bins ([`UAlloc::steal_slot`]).
+//! An arena holds the chunks its SM adopted, and bins of each class with free slots. Two ways
+//! let other SMs use them:
+//! 1. **Free bins** ([`UAlloc::take_bin_elsewhere`]): a refill takes a free bin from another
+//!    arena's chunk and carves it for its own arena. The bin's `owner` says whose class list,
+//!    slot semaphore and SRCU domain hold it (INV(UA12)); the chunk stays with the arena that
+//!    adopted it (its chunk lists, its bins semaphore, its return to the source). A refill does
+//!    this when its own arena and the source have no chunk left, and, when the source holds
+//!    fewer chunks than there are arenas (small heaps), before it takes a new chunk: then a few
+//!    SMs cannot hold every chunk while the others get nothing.
+//! 2. **Free slots** ([`UAlloc::steal_slot`]): when even that fails, each lane takes one free
+//!    slot of its class from another arena's listed bins; the bin stays that arena's.
 //!
-//! What is taken stays the other arena's: the bin is carved in that arena's chunk, listed in
-//! that arena's class list, and its units live in that arena's semaphore; `free` finds all of
-//! it through the chunk's `arena` field as always. The arenas are tried in order from the
-//! thread's own, so threads of different SMs start at different arenas.
+//! The arenas are tried in order from the thread's own, so threads of different SMs start at
+//! different arenas.
 //!
 //! # Never wait on another arena's semaphore
 //! An arena's semaphores have the `PerSm` layout: R and E are sized for the threads of one SM
@@ -22,9 +24,9 @@
 
 use core::ptr;
 
-use crate::size_class::SizeClass;
+use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::{ListClaimer, slot_ptr};
-use crate::ualloc::arena::{Arena, bin_at};
+use crate::ualloc::arena::Arena;
 use crate::ualloc::chunk::bin_offset;
 use crate::ualloc::layout::WORD_BITS;
 use crate::ualloc::refill::nth_free_bin;
@@ -37,17 +39,17 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         (1..n).map(move |step| &self.arenas[(ai + step) % n])
     }
 
-    /// A fresh bin of `class` in another arena than `ai`, carved with its first `k` slots
-    /// taken, listed there and its other slots released there; its address, or `None` when no
-    /// other arena has a free bin of the class's kind. `k <= class.slots()`.
+    /// A free bin of `kind` from another arena's chunks than `ai`, taken off its chunk for the
+    /// caller to carve for arena `ai` (INV(UA12)); `None` when no other arena has one.
     #[cold]
     #[inline(never)]
-    pub(crate) fn carve_elsewhere(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
-        let kind = class.kind();
+    pub(crate) fn take_bin_elsewhere(&self, ai: usize, kind: BinKind) -> Option<u64> {
         for arena in self.others(ai) {
             let ks = arena.kind(kind);
+            // A plain load first: threads that run out together look at every arena, and a
+            // failed `try_wait` costs two atomics on another SM's line.
             // INV(UA9): a unit is a free bin on the partial list, ours to take.
-            if !ks.bins.0.try_wait(1) {
+            if ks.bins.0.available() == 0 || !ks.bins.0.try_wait(1) {
                 continue;
             }
             let list = &ks.chunks.0;
@@ -59,34 +61,22 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 list.unlink_partial_locked(chunk);
             }
             list.lock.unlock();
-            let addr = (chunk.base() + bin_offset(kind, index)) as u64;
-            // SAFETY: the bin was free in a live chunk and is ours alone now.
-            let bin = unsafe { bin_at(addr) };
-            bin.init(class, k);
-            let rest = class.slots() - k;
-            if rest > 0 {
-                let classes = &arena.class(class).list.0;
-                classes.lock.lock_single();
-                classes.push_locked(bin);
-                classes.lock.unlock();
-                // INV(UA2): listed before its units are.
-                arena.class(class).slots.0.release(rest);
-            }
-            return Some(addr);
+            return Some((chunk.base() + bin_offset(kind, index)) as u64);
         }
         None
     }
 
     /// One free slot of `class` from another arena's listed bins than `ai`; null when none
-    /// has one. For a lane whose own arena, the source and [`carve_elsewhere`] have failed.
+    /// has one. For a lane whose own arena, the source and [`take_bin_elsewhere`] have failed.
     ///
-    /// [`carve_elsewhere`]: Self::carve_elsewhere
+    /// [`take_bin_elsewhere`]: Self::take_bin_elsewhere
     #[cold]
     #[inline(never)]
     pub(crate) fn steal_slot(&self, ai: usize, class: SizeClass) -> *mut u8 {
         for arena in self.others(ai) {
             // INV(UA2): a unit is a free slot in a listed bin; the claimer finds it.
-            if arena.class(class).slots.0.try_wait(1) {
+            let slots = &arena.class(class).slots.0;
+            if slots.available() > 0 && slots.try_wait(1) {
                 let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
                 return slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros());
             }

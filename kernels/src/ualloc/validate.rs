@@ -16,8 +16,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             // INV(RCU3): nothing left queued, no owner, no reader.
             assert!(arena.rcu.is_idle(), "arena {ai}: RCU callbacks left queued");
             assert_eq!(arena.rcu.readers(), (0, 0), "arena {ai}: readers inside");
-            let mut free_slots = [0u32; NUM_CLASSES];
-            let mut listed_bins = [0u32; NUM_CLASSES];
+            let (free_slots, listed_bins) = self.owned_free_slots(ai);
             for kind in BinKind::ALL {
                 let ks = arena.kind(kind);
                 let list = &ks.chunks.0;
@@ -76,10 +75,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                         // INV(UA4): an empty bin may stay carved and listed until a trim.
                         let listed = bin.listed.load_relaxed() != 0;
                         assert_eq!(listed, used < class.slots(), "INV(UA7)");
-                        if listed {
-                            free_slots[class.index()] += class.slots() - used;
-                            listed_bins[class.index()] += 1;
-                        }
+                        // INV(UA12): carved by an arena of this UAlloc.
+                        assert!((bin.owner() as usize) < self.arenas.len());
                     }
                     chunks += 1;
                     prev = at;
@@ -115,6 +112,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     // SAFETY: listed bins are live.
                     let bin = unsafe { bin_at(at) };
                     assert_eq!(bin.class(), Some(class), "INV(UA7): bin on the wrong list");
+                    assert_eq!(bin.owner() as usize, ai, "INV(UA12): bin on another's list");
                     assert!(bin.listed.load_relaxed() != 0);
                     assert_eq!(bin.prev.load_relaxed(), prev);
                     walked += 1;
@@ -134,5 +132,33 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 );
             }
         }
+    }
+
+    /// Free slots and listed bins per class of the bins that arena `owner` carved, in every
+    /// arena's chunks (INV(UA12)). Quiescent use only.
+    fn owned_free_slots(&self, owner: usize) -> ([u32; NUM_CLASSES], [u32; NUM_CLASSES]) {
+        let (mut free_slots, mut listed_bins) = ([0u32; NUM_CLASSES], [0u32; NUM_CLASSES]);
+        for arena in self.arenas {
+            for kind in BinKind::ALL {
+                let mut at = arena.kind(kind).chunks.0.all.load_relaxed();
+                while at != 0 {
+                    // SAFETY: chunks on `all` are live (checked by the caller's walk).
+                    let chunk = unsafe { chunk_at(at) };
+                    for b in 0..bins_per_chunk(kind) as usize {
+                        let bin = chunk.bin(b);
+                        if chunk.is_bin_free(b) || bin.owner() as usize != owner {
+                            continue;
+                        }
+                        let Some(class) = bin.class() else { continue };
+                        if bin.listed.load_relaxed() != 0 {
+                            free_slots[class.index()] += class.slots() - bin.used_word();
+                            listed_bins[class.index()] += 1;
+                        }
+                    }
+                    at = chunk.all_next.load_relaxed();
+                }
+            }
+        }
+        (free_slots, listed_bins)
     }
 }

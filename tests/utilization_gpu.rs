@@ -1,0 +1,158 @@
+//! How much of a heap malloc serves before it returns null (issue 13), on a real GPU (skipped
+//! without one). Each round asks for twice the heap in one kernel, lanes of every warp asking
+//! for different sizes, checks every block's pattern and that no two blocks overlap, and frees
+//! everything; 20 rounds with no trim in between, so memory must flow back between classes,
+//! kinds and SMs by itself. After the last round a whole-heap block must be allocatable.
+
+mod common;
+
+use toga::Heap;
+use toga::workload::{Workloads, uniform_sizes};
+use toga_kernels::ualloc::MAX_SMALL_SIZE;
+
+const ROUNDS: u32 = 20;
+
+/// The bytes the allocator gives a request of `size`: its size class up to 4 KiB, whole
+/// power-of-two pages above.
+fn block_bytes(size: u32) -> u64 {
+    if size as usize <= MAX_SMALL_SIZE {
+        (size as u64).next_power_of_two().max(16)
+    } else {
+        (size as u64).div_ceil(4096).next_power_of_two() * 4096
+    }
+}
+
+/// Requests of `lo..=hi` bytes whose blocks add up to twice `capacity`.
+fn twice_the_heap(capacity: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
+    let mean = (lo as u64 + hi as u64) / 2;
+    let mut sizes = uniform_sizes(4 * capacity / mean + 64, lo, hi, seed);
+    let mut total = 0;
+    let n = sizes
+        .iter()
+        .position(|&s| {
+            total += block_bytes(s);
+            total >= 2 * capacity
+        })
+        .map_or(sizes.len(), |i| i + 1);
+    sizes.truncate(n);
+    sizes
+}
+
+/// Fill `heap_bytes` with requests of `lo..=hi` bytes for [`ROUNDS`] rounds; every round must
+/// serve at least `floor` of the heap (in block bytes), and no round less than the first
+/// by more than 2% of the heap. Returns the fraction served per round.
+fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Option<Vec<f64>> {
+    let gpu = common::gpu()?;
+    let stream = gpu.default_stream();
+    let heap = Heap::new(&gpu, &stream, heap_bytes).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let capacity = heap.capacity();
+    let sizes = twice_the_heap(capacity, lo, hi, heap_bytes ^ lo as u64 ^ (hi as u64) << 20);
+    let d_sizes = stream.clone_htod(&sizes).unwrap();
+    let mut served = Vec::new();
+    for round in 0..ROUNDS {
+        let mut ptrs = stream.alloc_zeros::<u64>(sizes.len()).unwrap();
+        w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round)
+            .unwrap();
+        let host = stream.clone_dtoh(&ptrs).unwrap();
+        let mut blocks: Vec<(u64, u64)> = host
+            .iter()
+            .zip(&sizes)
+            .filter(|&(&p, _)| p != 0)
+            .map(|(&p, &s)| (p, block_bytes(s)))
+            .collect();
+        let bytes: u64 = blocks.iter().map(|b| b.1).sum();
+        let s = heap.stats(&stream).unwrap();
+        assert_eq!(
+            s.used_bytes, bytes,
+            "round {round}: used bytes = blocks handed out"
+        );
+        assert_eq!(s.live_blocks(), blocks.len() as u64);
+        blocks.sort_unstable();
+        for pair in blocks.windows(2) {
+            assert!(
+                pair[0].0 + pair[0].1 <= pair[1].0,
+                "round {round}: blocks {:#x}+{} and {:#x} overlap",
+                pair[0].0,
+                pair[0].1,
+                pair[1].0
+            );
+        }
+        let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+        w.check_free(&stream, &heap, &ptrs, &d_sizes, round, true, &mut errors)
+            .unwrap();
+        assert_eq!(
+            stream.clone_dtoh(&errors).unwrap()[0],
+            0,
+            "round {round}: corrupted patterns"
+        );
+        let s = heap.stats(&stream).unwrap();
+        assert_eq!(
+            (s.live_blocks(), s.used_bytes),
+            (0, 0),
+            "round {round}: {s:?}"
+        );
+        assert_eq!((s.double_frees, s.invalid_frees), (0, 0));
+        served.push(bytes as f64 / capacity as f64);
+    }
+    eprintln!(
+        "{} MiB heap, {lo}..={hi} B, {} requests: served {}",
+        heap_bytes >> 20,
+        sizes.len(),
+        served
+            .iter()
+            .map(|f| format!("{:.1}%", f * 100.0))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for (round, &f) in served.iter().enumerate() {
+        assert!(
+            f >= floor,
+            "round {round}: {:.1}% of the heap served, below {:.0}%",
+            f * 100.0,
+            floor * 100.0
+        );
+        assert!(
+            f + 0.02 >= served[0],
+            "round {round}: {:.1}% served after {:.1}% in round 0 (decay)",
+            f * 100.0,
+            served[0] * 100.0
+        );
+    }
+    // Empty bins stay with their class until a trim (docs/ualloc.md).
+    heap.trim(&stream).unwrap();
+    let probe = w.probe(&stream, &heap).unwrap();
+    assert_eq!(probe.free_bytes, capacity);
+    assert!(
+        probe.whole_heap_block,
+        "no whole-heap block after the last round"
+    );
+    Some(served)
+}
+
+#[test]
+fn mixed_16b_to_4k_in_8mib() {
+    rounds(8 << 20, 16, 4096, 0.80);
+}
+
+#[test]
+fn mixed_16b_to_4k_in_64mib() {
+    rounds(64 << 20, 16, 4096, 0.90);
+}
+
+#[test]
+fn mixed_16b_to_64k_in_8mib() {
+    rounds(8 << 20, 16, 65536, 0.80);
+}
+
+#[test]
+fn mixed_16b_to_64k_in_64mib() {
+    rounds(64 << 20, 16, 65536, 0.90);
+}
+
+/// Large sizes in divergent warps: every lane of a warp asks for a different size of 4 KiB to
+/// 1 MiB (TBuddy), so lanes of one warp take different orders at once.
+#[test]
+fn divergent_large_sizes_in_64mib() {
+    rounds(64 << 20, 4097, 1 << 20, 0.90);
+}
