@@ -215,21 +215,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
                 slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros())
             }
-            Wait::MustRefill => {
-                // Few chunks left: another arena's free slot before a fresh bin (steal.rs).
-                if self.scarce() {
-                    let p = self.steal_slot(ai, class);
-                    if !p.is_null() {
-                        arena.class(class).slots.0.retract(class.slots() - 1);
-                        return p;
-                    }
-                }
-                match self.alloc_slow(ai, class, 1) {
-                    Some(bin) => slot_ptr(bin, class, 0),
-                    // Last: a free slot in another arena's bins (steal.rs).
-                    None => self.steal_slot(ai, class),
-                }
-            }
+            Wait::MustRefill => match self.alloc_slow(ai, class, 1) {
+                Some(bin) => slot_ptr(bin, class, 0),
+                // Last: a free slot in another arena's bins (steal.rs).
+                None => self.steal_slot(ai, class),
+            },
         }
     }
 
@@ -249,22 +239,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             0
         };
         if group.broadcast_u32(acquired) == 0 {
-            // Few chunks left: each lane takes another arena's free slot before the group
-            // carves a fresh bin (steal.rs); the leader withdraws the refill it promised, and
-            // a lane that found none starts again alone.
-            let scarce = group.is_leader() && self.scarce();
-            if group.broadcast_u32(scarce as u32) != 0 {
-                let p = self.steal_slot(ai, class);
-                group.sync();
-                if group.is_leader() {
-                    arena.class(class).slots.0.retract(class.slots() - k);
-                }
-                return if p.is_null() {
-                    self.alloc_fast_single(ai, class)
-                } else {
-                    p
-                };
-            }
             let bin = if group.is_leader() {
                 self.alloc_slow(ai, class, k).unwrap_or(0)
             } else {

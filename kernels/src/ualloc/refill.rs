@@ -95,7 +95,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // fewer chunks than there are arenas (a small heap, or one nearly full), another
         // arena's chunks before a new chunk, so that a few SMs do not hold every chunk while
         // the others have none; the source; other arenas' chunks; and after a trim, all again.
-        let first = if self.scarce() && arena.kind(kind).bins.0.available() == 0 {
+        let scarce = self.source.chunks_left() < self.arenas.len();
+        let first = if scarce && arena.kind(kind).bins.0.available() == 0 {
             self.take_bin_elsewhere(ai, kind)
         } else {
             None

@@ -33,15 +33,6 @@ use crate::ualloc::refill::nth_free_bin;
 use crate::ualloc::{ChunkSource, UAlloc};
 
 impl<S: ChunkSource> UAlloc<'_, S> {
-    /// Whether the source holds fewer chunks than there are arenas (a small heap, or one nearly
-    /// full): then a refill takes free slots and free bins of other arenas before it carves a
-    /// fresh bin or takes a new chunk, so that partly used bins of a class are not left in
-    /// every arena.
-    #[inline(always)]
-    pub(crate) fn scarce(&self) -> bool {
-        self.source.chunks_left() < self.arenas.len()
-    }
-
     /// The arenas other than `ai`, in order from the one after it.
     fn others(&self, ai: usize) -> impl Iterator<Item = &Arena> {
         let n = self.arenas.len();
