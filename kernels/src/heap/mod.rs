@@ -405,10 +405,8 @@ impl<'a> Heap<'a> {
         let mut offset = self.buddy.alloc(order);
         let mut retries = 0;
         while offset.is_none() && retries < OOM_RETRIES {
-            match self.ualloc().trim_for_oom() {
-                None => break,
-                Some(0) if retries > 0 => break,
-                _ => {}
+            if self.trim() == 0 && retries > 0 {
+                break;
             }
             retries += 1;
             offset = self.buddy.alloc(order);

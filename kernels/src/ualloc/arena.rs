@@ -73,19 +73,6 @@ pub struct Arena {
     /// Held by the one thread that trims this arena ([`UAlloc::trim`](super::UAlloc::trim));
     /// others skip the arena instead of walking its lists again.
     pub(crate) trimming: Line<CollectiveMutex>,
-    /// Used in arena 0 only, for the whole UAlloc: what lets a full heap answer null
-    /// quickly (`UAlloc::trim_for_oom`).
-    pub(crate) oom: Line<OomState>,
-}
-
-/// When a trim last found nothing to give back, and whether a bin became empty since.
-#[repr(C)]
-pub(crate) struct OomState {
-    /// Frees that left a bin empty (relaxed adds; one per bin that empties).
-    pub(crate) emptied: Atomic64,
-    /// `(%globaltimer µs) << 24 | emptied mod 2^24` as of the start of the last trim that
-    /// found nothing; 0 after one that found something.
-    pub(crate) fruitless: Atomic64,
 }
 
 // INV(SEM2) for the arena semaphores (layout `PerSm`). C: a class's free slots in one arena
@@ -123,7 +110,7 @@ const _: () = {
 
 #[cfg(not(loom))]
 const _: () =
-    assert!(core::mem::size_of::<Arena>() == (4 + 2 * NUM_CLASSES + 2 * NUM_KINDS + 2) * 128);
+    assert!(core::mem::size_of::<Arena>() == (4 + 2 * NUM_CLASSES + 2 * NUM_KINDS + 1) * 128);
 
 impl Arena {
     /// An empty arena (equal to all-zero memory).
@@ -147,10 +134,6 @@ impl Arena {
                 }),
             }),
             trimming: Line(CollectiveMutex::new()),
-            oom: Line(OomState {
-                emptied: Atomic64::new(0),
-                fruitless: Atomic64::new(0),
-            }),
         }
     }
 

@@ -72,7 +72,6 @@ fn word_key(bin: &BinHeader, slot: u32) -> u64 {
 /// of `arena`; the caller then gives the freed slots' units back with [`give_units`] after it
 /// left the section (so the section's closing fence does not wait for that add).
 pub(crate) fn release_bits(
-    arenas: &[Arena],
     arena: &Arena,
     class: SizeClass,
     bin: &BinHeader,
@@ -83,10 +82,6 @@ pub(crate) fn release_bits(
     if r.was_full {
         // INV(UA7): a bin that was full rejoins its list before its units are released.
         sync_listing(arena, class, bin);
-    }
-    if r.left == 0 && r.old & bits != 0 {
-        // This free emptied the bin: a trim now has work (`UAlloc::trim_for_oom`).
-        arenas[0].oom.0.emptied.fetch_add_relaxed(1);
     }
     r.old
 }
@@ -179,7 +174,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         let word = slot / WORD_BITS as u32;
         let bit = 1u64 << (slot % WORD_BITS as u32);
-        let old = release_bits(self.arenas, arena, class, bin, word, bit);
+        let old = release_bits(arena, class, bin, word, bit);
         drop(reader);
         give_units(arena, class, old, bit);
         if old & bit != 0 {
@@ -242,9 +237,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let (bin, class) = (unsafe { &*bin }, SizeClass::from_index(class as usize));
         let class = class.expect("a located slot has a class");
         let old = match (&reader, arena) {
-            (Some(_), Some(a)) => {
-                release_bits(self.arenas, a, class, bin, slot / WORD_BITS as u32, bits)
-            }
+            (Some(_), Some(a)) => release_bits(a, class, bin, slot / WORD_BITS as u32, bits),
             _ => 0,
         };
         // The leader leaves the section, then gives the units back.
@@ -339,14 +332,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     bits |= 1u64 << (s % WORD_BITS as u32);
                 }
             }
-            let old = release_bits(
-                self.arenas,
-                arena,
-                class,
-                bin,
-                slot / WORD_BITS as u32,
-                bits,
-            );
+            let old = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
             drop(reader);
             give_units(arena, class, old, bits);
             let mut seen = 0u64;

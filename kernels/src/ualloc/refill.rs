@@ -18,16 +18,6 @@ use crate::ualloc::{ChunkSource, KIND_GROUP_TAG, UAlloc};
 /// later ones only while they still find something to give back.
 pub(crate) const OOM_RETRIES: u32 = 4;
 
-/// How long after a trim that found nothing a thread out of memory skips its own trim and
-/// reports out of memory at once, as long as no bin became empty since that trim started
-/// (nothing else gives a trim work). Without it, every one of millions of requests that fail
-/// in a full heap walked every arena's lists up to `OOM_RETRIES` times (a 64 MiB heap
-/// filled with 16 B blocks took 4.8 s for 4.3M failures on an H100).
-pub(crate) const FRUITLESS_TRIM_US: u64 = 50;
-
-/// The low bits of `OomState::fruitless` that hold the count of emptied bins.
-const EMPTIED_BITS: u32 = 24;
-
 /// The `rank`-th free bin on the partial list, in list order (under the list's mutex).
 /// INV(UA9): the caller holds `rank + 1` or more units of the bins semaphore, so it exists.
 pub(crate) fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, usize) {
@@ -124,24 +114,13 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 break addr;
             }
             // Out of chunks. Empty bins of other classes, and bins and chunks on their way
-            // back, may be what is missing: give them back and try again before failing
-            // (always once after a trim, more often while trims still find something).
-            let trimmed = if retries < OOM_RETRIES {
-                self.trim_for_oom()
-            } else {
-                None
-            };
-            match trimmed {
-                None => {
-                    slots.retract(rest);
-                    return None;
-                }
-                Some(0) if retries > 0 => {
-                    slots.retract(rest);
-                    return None;
-                }
-                _ => retries += 1,
+            // back, may be what is missing: give them back and try again before failing.
+            let progress = retries < OOM_RETRIES && self.trim() > 0;
+            if !progress && retries > 0 || retries == OOM_RETRIES {
+                slots.retract(rest);
+                return None;
             }
+            retries += 1;
         };
         // SAFETY: `take_bin` handed us this bin of a live chunk, exclusively.
         let bin = unsafe { bin_at(addr) };
@@ -168,9 +147,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[cold]
     #[inline(never)]
     pub fn trim(&self) -> u32 {
-        let oom = &self.arenas[0].oom.0;
-        // Before the walk: a bin that empties during it counts as new work afterwards.
-        let emptied = oom.emptied.load_relaxed();
         let mut done = 0;
         for arena in self.arenas {
             if !arena.trimming.0.try_acquire(1) {
@@ -190,13 +166,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             arena.trimming.0.unlock();
         }
-        let stamp = if done == 0 {
-            (crate::platform::global_timer_ns() / 1000).max(1) << EMPTIED_BITS
-                | emptied & ((1 << EMPTIED_BITS) - 1)
-        } else {
-            0
-        };
-        oom.fruitless.store_relaxed(stamp);
         // A bin carved for one arena in another arena's chunk (INV(UA12)) that went back
         // above may have emptied its chunk, whose return is queued in the chunk's arena,
         // which the loop may have passed already. Chunk returns queue nothing more.
@@ -208,25 +177,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
         }
         done
-    }
-
-    /// [`trim`](Self::trim) for a thread out of memory: `None` (no trim) when a trim found
-    /// nothing less than [`FRUITLESS_TRIM_US`] ago and no bin became empty since it started,
-    /// so that a full heap answers null quickly.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn trim_for_oom(&self) -> Option<u32> {
-        let oom = &self.arenas[0].oom.0;
-        let stamp = oom.fruitless.load_relaxed();
-        let emptied = oom.emptied.load_relaxed() & ((1 << EMPTIED_BITS) - 1);
-        let now_us = crate::platform::global_timer_ns() / 1000;
-        if stamp != 0
-            && stamp & ((1 << EMPTIED_BITS) - 1) == emptied
-            && now_us.wrapping_sub(stamp >> EMPTIED_BITS) < FRUITLESS_TRIM_US
-        {
-            return None;
-        }
-        Some(self.trim())
     }
 
     /// One fresh bin of `kind` for each lane that calls this now (collective over those
