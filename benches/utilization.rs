@@ -17,8 +17,7 @@ mod common;
 use std::time::Instant;
 
 use toga::Heap;
-use toga::workload::{Workloads, uniform_sizes};
-use toga_kernels::ualloc::{MAX_SMALL_SIZE, PAGE_SIZE};
+use toga::workload::{Workloads, block_bytes, uniform_sizes};
 
 const SCENARIO: &str = "u_utilization";
 /// Fill rounds per (heap, sizes) cell, on the same heap.
@@ -38,15 +37,6 @@ const MIN_REQUESTS: u64 = 64;
 const MAX_REQUESTS: u64 = 1 << 27;
 /// Picks heaps by label (comma-separated).
 const HEAPS_ENV: &str = "TOGA_BENCH_UTIL_HEAPS";
-
-/// The bytes a block of `size` takes: its size class up to 4 KiB, a power of two of pages above.
-fn block_bytes(size: u32) -> u64 {
-    if size as usize <= MAX_SMALL_SIZE {
-        (size as u64).next_power_of_two().max(16)
-    } else {
-        (size as u64).div_ceil(PAGE_SIZE as u64).next_power_of_two() * PAGE_SIZE as u64
-    }
-}
 
 /// Request sizes of one cell.
 #[derive(Clone, Copy)]

@@ -71,15 +71,13 @@ impl Gpu {
             ctx.set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes)?;
         }
         let module = ctx.load_module(Ptx::from_src(ptx))?;
-        let sm_count = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-            as u32;
+        let attr = |a| ctx.attribute(a);
+        use sys::CUdevice_attribute as A;
+        let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let sm_id_bound = sm_id_bound(&ctx, &module)?
             .unwrap_or(sm_count)
             .max(sm_count);
         let (free, total) = ctx.mem_get_info()?;
-        let attr = |a| ctx.attribute(a);
-        use sys::CUdevice_attribute as A;
         let info = DeviceInfo {
             ordinal,
             name: ctx.name()?,

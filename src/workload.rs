@@ -42,6 +42,19 @@ pub struct Probe {
     pub whole_heap_block: bool,
 }
 
+/// The bytes the heap gives a request of `size` (what `HeapStats::used_bytes` counts): its
+/// size class up to `MAX_SMALL_SIZE`, a power of two of whole pages above.
+pub fn block_bytes(size: u32) -> u64 {
+    use toga_kernels::size_class::{MAX_SMALL_SIZE, SizeClass};
+    use toga_kernels::ualloc::PAGE_SIZE;
+    let size = size.max(1) as usize;
+    if size <= MAX_SMALL_SIZE {
+        SizeClass::from_size(size).size() as u64
+    } else {
+        (size.div_ceil(PAGE_SIZE).next_power_of_two() * PAGE_SIZE) as u64
+    }
+}
+
 /// `n` sizes uniform over `lo..=hi` from a seeded xorshift: the same list on every run.
 pub fn uniform_sizes(n: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
     let mut x = seed | 1;
@@ -849,5 +862,21 @@ impl ChurnBench {
             failed: errors[1],
             corrupted: errors[0],
         })
+    }
+}
+
+#[cfg(test)]
+mod block_bytes_tests {
+    use super::block_bytes;
+
+    #[test]
+    fn small_sizes_round_to_their_class_and_large_ones_to_pages() {
+        assert_eq!(block_bytes(1), 16);
+        assert_eq!(block_bytes(16), 16);
+        assert_eq!(block_bytes(17), 32);
+        assert_eq!(block_bytes(4096), 4096);
+        assert_eq!(block_bytes(4097), 8192);
+        assert_eq!(block_bytes(12289), 16384);
+        assert_eq!(block_bytes(1 << 20), 1 << 20);
     }
 }

@@ -4,16 +4,11 @@
 mod common;
 
 use cudarc::driver::PushKernelArg;
-use toga::workload::{Workloads, uniform_sizes};
+use toga::workload::{Workloads, block_bytes, uniform_sizes};
 use toga::{Heap, launch_config};
 use toga_kernels::ualloc::MAX_SMALL_SIZE;
 
 const THREADS: u64 = 1 << 20;
-
-/// The bytes a block of `size` really takes.
-fn block_bytes(size: u32) -> u64 {
-    (size as u64).next_power_of_two().max(16)
-}
 
 #[test]
 fn device_and_host_agree_on_the_layout() {
@@ -256,13 +251,7 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
     assert_eq!(s.live_blocks(), got);
     let expected_used: u64 = (0..THREADS as usize)
         .filter(|&i| host_ptrs[i] != 0)
-        .map(|i| {
-            if sizes[i] as usize <= MAX_SMALL_SIZE {
-                block_bytes(sizes[i])
-            } else {
-                (sizes[i] as u64).div_ceil(4096).next_power_of_two() * 4096
-            }
-        })
+        .map(|i| block_bytes(sizes[i]))
         .sum();
     assert_eq!(
         s.used_bytes, expected_used,

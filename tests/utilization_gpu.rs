@@ -7,20 +7,9 @@
 mod common;
 
 use toga::Heap;
-use toga::workload::{Workloads, uniform_sizes};
-use toga_kernels::ualloc::MAX_SMALL_SIZE;
+use toga::workload::{Workloads, block_bytes, uniform_sizes};
 
 const ROUNDS: u32 = 20;
-
-/// The bytes the allocator gives a request of `size`: its size class up to 4 KiB, whole
-/// power-of-two pages above.
-fn block_bytes(size: u32) -> u64 {
-    if size as usize <= MAX_SMALL_SIZE {
-        (size as u64).next_power_of_two().max(16)
-    } else {
-        (size as u64).div_ceil(4096).next_power_of_two() * 4096
-    }
-}
 
 /// Requests of `lo..=hi` bytes whose blocks add up to twice `capacity`.
 fn twice_the_heap(capacity: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {

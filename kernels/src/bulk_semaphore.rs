@@ -66,7 +66,7 @@
 //!   batch - n each: TBuddy's batch - n is 1, and UAlloc's batches are at most 256 slots
 //!   (2,048 + 256 + 2,048 × 255 < 2^20). C's bound is the pool's: a TBuddy order holds fewer
 //!   than 2^23 blocks, and an arena's free slots of one class are fewer than the slots of
-//!   the largest heap, < 2^31 (asserted in `ualloc/layout.rs`).
+//!   the largest heap, < 2^31 (asserted in `ualloc/arena.rs`).
 //!   Every field shrinks only by amounts the same thread added, so no add borrows or
 //!   carries between fields.
 //! - SEM3: the C field may read below the real count by the deductions of fast paths and

@@ -1,4 +1,4 @@
-//! Memory that flows between arenas before any null (issue 13, items 2).
+//! Memory that flows between arenas before any null (issue 13, item 2).
 //!
 //! An arena holds the chunks its SM adopted, and bins of each class with free slots. Two ways
 //! let other SMs use them:
