@@ -120,7 +120,7 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Option<Vec<f64>> {
 }
 
 // Mixed 16 B – 4 KB is far from issue 13's targets (≥ 80% at 8 MiB, ≥ 90% at 64 MiB). On an
-// H100 with the kernels of 19e0942, runs served 60.2–66.0% (8 MiB) and 59.1–59.4% (64 MiB),
+// H100 with the kernels of 19e0942, runs served 60.2–68.5% (8 MiB) and 57.7–59.4% (64 MiB),
 // the same in every round of a run; before memory flowed between arenas, 45.4% and 45.8%.
 // What is left is partly used bins of the large classes: each of 132 arenas keeps one of up
 // to 102 KB per class (docs/ualloc.md). The floors below sit under what was measured, with a
