@@ -32,6 +32,9 @@ pub enum Error {
         "{arenas} arena(s) requested, but this device's SM ids go up to {sm_ids}: a heap needs one arena per SM id"
     )]
     TooFewArenas { arenas: u32, sm_ids: u32 },
+    /// `grow` on a heap that was made with a fixed size.
+    #[error("the heap has a fixed size and cannot grow (make it with Heap::growable)")]
+    NotGrowable,
     /// The PTX file named by `TOGA_PTX_FILE` could not be read.
     #[error("TOGA_PTX_FILE: {0}")]
     PtxFile(String),

@@ -13,28 +13,72 @@
 //! are ordered on the stream given; every kernel using the heap must be ordered before them.
 
 use std::mem::offset_of;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaModule, CudaStream, PushKernelArg, sys};
-use toga_kernels::heap::{Geometry, GeometryError, HeapHeader, STATS_WORDS, StatsShard, stat};
+use cudarc::driver::{CudaFunction, CudaModule, CudaStream, PushKernelArg, sys};
+use toga_kernels::heap::{
+    Geometry, GeometryError, HeapHeader, MAX_HEAP_BYTES, STATS_WORDS, StatsShard, stat,
+};
 use toga_kernels::size_class::{NUM_CLASSES, SizeClass};
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::vmm::{self, MailboxMemory, Service, ServiceCounts, Vmm};
+
+/// The smallest granule a growable heap maps in (the driver's granularity may be larger).
+pub const MIN_GRANULE: u64 = 2 << 20;
+/// A growable heap's first mapping when the builder names none: CUDA's default device-heap
+/// size.
+pub const DEFAULT_INITIAL_BYTES: u64 = 8 << 20;
 
 /// How to build a heap; see [`Heap::builder`].
 #[derive(Clone, Debug)]
 pub struct HeapBuilder {
     bytes: u64,
-    release_threshold: u64,
+    release_threshold: Option<u64>,
     arenas: Option<u32>,
+    growable: Option<GrowOptions>,
+}
+
+#[derive(Clone, Debug)]
+struct GrowOptions {
+    max: Option<u64>,
+    in_kernel: bool,
 }
 
 impl HeapBuilder {
-    /// Bytes of memory the pool keeps cached after the heap is freed, instead of returning them to
-    /// the driver (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`; default 0: give everything back).
+    /// Fixed heap: bytes of memory the pool keeps cached after the heap is freed, instead of
+    /// returning them to the driver (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`; default 0: give
+    /// everything back). Growable heap: the mapped bytes that [`Heap::synchronize`] trims back
+    /// to once kernels are done (default: the initial size).
     pub fn release_threshold(mut self, bytes: u64) -> Self {
-        self.release_threshold = bytes;
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// Growable heap: the most bytes its data region may grow to (default: the device's
+    /// memory, at most toga's largest heap). Rounded down to whole granules.
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        if let Some(g) = &mut self.growable {
+            g.max = Some(bytes);
+        }
+        self
+    }
+
+    /// Growable heap: the bytes mapped at creation (default [`DEFAULT_INITIAL_BYTES`]),
+    /// rounded up to whole granules.
+    pub fn initial_bytes(mut self, bytes: u64) -> Self {
+        self.bytes = bytes;
+        self
+    }
+
+    /// Growable heap: whether a kernel that runs out of memory may ask the host for more and
+    /// wait for it (default: yes). Without it, growth happens only through [`Heap::grow`] and
+    /// [`Heap::synchronize`].
+    pub fn grow_in_kernel(mut self, on: bool) -> Self {
+        if let Some(g) = &mut self.growable {
+            g.in_kernel = on;
+        }
         self
     }
 
@@ -54,9 +98,30 @@ impl HeapBuilder {
     }
 }
 
+/// Where a heap's memory comes from.
+enum Backing {
+    /// A fixed heap: one allocation from a pool of its own.
+    Pool(sys::CUmemoryPool),
+    /// A growable heap: a reservation with granules mapped on demand.
+    Growable(Growable),
+}
+
+struct Growable {
+    /// First field: dropped (stopped) before the memory it maps into.
+    service: Option<Service>,
+    vmm: Arc<Mutex<Vmm>>,
+    mailbox: Option<Arc<MailboxMemory>>,
+    counts: Arc<Mutex<ServiceCounts>>,
+    release_threshold: u64,
+    init_finish: CudaFunction,
+    add_range: CudaFunction,
+    take_granules: CudaFunction,
+    collect: CudaFunction,
+}
+
 /// A heap in device memory; see the module docs for its ordering rule.
 pub struct Heap {
-    pool: sys::CUmemoryPool,
+    backing: Backing,
     base: u64,
     geometry: Geometry,
     stream: Arc<CudaStream>,
@@ -89,6 +154,21 @@ pub struct HeapStats {
     pub failed_allocations: u64,
     pub invalid_frees: u64,
     pub double_frees: u64,
+    /// Bytes the data region may grow to (the capacity of a fixed heap).
+    pub max_bytes: u64,
+    /// Bytes of the data region backed by memory now, and at most (a fixed heap: all of it).
+    pub mapped_bytes: u64,
+    pub mapped_high: u64,
+    /// Device memory the heap holds, metadata included.
+    pub device_bytes: u64,
+    /// Growths that kernels asked for and got, and requests that got nothing (the heap was at
+    /// its maximum, the device out of memory, or the host did not answer in time).
+    pub kernel_grows: u64,
+    pub kernel_grow_failures: u64,
+    /// Growth requests the host service answered with memory, and the mean time it took to
+    /// map them (ns).
+    pub service_grants: u64,
+    pub service_map_ns: u64,
 }
 
 impl HeapStats {
@@ -107,8 +187,26 @@ impl Heap {
     pub fn builder(bytes: u64) -> HeapBuilder {
         HeapBuilder {
             bytes,
-            release_threshold: 0,
+            release_threshold: None,
             arenas: None,
+            growable: None,
+        }
+    }
+
+    /// Start building a growable heap: no size to guess. It reserves address space for its
+    /// maximum, maps memory in granules as kernels need it (also while they run), and gives
+    /// it back with [`Heap::trim_to`] and [`Heap::synchronize`]. Falls back to a fixed heap of
+    /// the maximum's size, with a one-line notice, where the driver lacks virtual memory
+    /// management.
+    pub fn growable() -> HeapBuilder {
+        HeapBuilder {
+            bytes: DEFAULT_INITIAL_BYTES,
+            release_threshold: None,
+            arenas: None,
+            growable: Some(GrowOptions {
+                max: None,
+                in_kernel: true,
+            }),
         }
     }
 
@@ -117,9 +215,9 @@ impl Heap {
         Self::builder(bytes).create(gpu, stream)
     }
 
-    fn create(gpu: &Gpu, stream: &Arc<CudaStream>, b: HeapBuilder) -> Result<Self> {
+    fn arenas_for(gpu: &Gpu, b: &HeapBuilder) -> Result<u64> {
         let bound = gpu.info().sm_id_bound.max(1);
-        let arenas = match b.arenas {
+        Ok(match b.arenas {
             None => bound,
             Some(n) if n >= bound => n,
             Some(n) => {
@@ -128,7 +226,24 @@ impl Heap {
                     sm_ids: bound,
                 });
             }
-        } as u64;
+        } as u64)
+    }
+
+    fn create(gpu: &Gpu, stream: &Arc<CudaStream>, mut b: HeapBuilder) -> Result<Self> {
+        let arenas = Self::arenas_for(gpu, &b)?;
+        if let Some(grow) = b.growable.clone() {
+            if vmm::supported(gpu.context()) {
+                return Self::create_growable(gpu, stream, b, grow, arenas);
+            }
+            let max = grow
+                .max
+                .unwrap_or(default_max(gpu))
+                .min(gpu.free_memory()? / 2);
+            eprintln!(
+                "toga: no CUDA virtual memory management on this device; using a fixed heap of {max} B"
+            );
+            b.bytes = max;
+        }
         let total =
             Geometry::allocation_bytes(b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
         let free = gpu.free_memory()?;
@@ -148,7 +263,7 @@ impl Heap {
         let mut pool = std::ptr::null_mut();
         // SAFETY: `props` is a valid, zero-padded descriptor.
         check(unsafe { sys::cuMemPoolCreate(&mut pool, &props) })?;
-        let mut threshold = b.release_threshold;
+        let mut threshold = b.release_threshold.unwrap_or(0);
         // SAFETY: the attribute takes a u64.
         check(unsafe {
             sys::cuMemPoolSetAttribute(
@@ -165,7 +280,7 @@ impl Heap {
         let geometry =
             Geometry::new(base, total, b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
         let mut heap = Self {
-            pool,
+            backing: Backing::Pool(pool),
             base,
             geometry,
             stream: stream.clone(),
@@ -179,9 +294,98 @@ impl Heap {
         Ok(heap)
     }
 
+    fn create_growable(
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        b: HeapBuilder,
+        grow: GrowOptions,
+        arenas: u64,
+    ) -> Result<Self> {
+        gpu.context().bind_to_thread()?;
+        let ordinal = gpu.info().ordinal as i32;
+        let granule = vmm::granularity(ordinal)?
+            .max(MIN_GRANULE)
+            .next_power_of_two();
+        let shift = granule.trailing_zeros();
+        let max = grow.max.unwrap_or(default_max(gpu));
+        if max > MAX_HEAP_BYTES {
+            return Err(geometry_error(
+                GeometryError::TooLarge {
+                    maximum: MAX_HEAP_BYTES,
+                },
+                max,
+            ));
+        }
+        if b.bytes > max {
+            return Err(Error::HeapTooLarge {
+                requested: b.bytes,
+                limit: max,
+                why: "the growable heap's maximum",
+            });
+        }
+        let mailbox = if grow.in_kernel {
+            Some(Arc::new(MailboxMemory::new()?))
+        } else {
+            None
+        };
+        let device_mailbox = mailbox.as_ref().map_or(0, |m| m.device());
+        let layout = Geometry::growable(0, max, arenas, shift, device_mailbox)
+            .map_err(|e| geometry_error(e, max))?;
+        let mut vmm = Vmm::reserve(ordinal, layout.total_bytes, layout.data_offset, granule)?;
+        let geometry = Geometry::growable(vmm.base(), max, arenas, shift, device_mailbox)
+            .map_err(|e| geometry_error(e, max))?;
+        debug_assert_eq!(geometry.data_offset, layout.data_offset);
+        vmm.map_prefix(b.bytes.max(1))?;
+        let initial = vmm.mapped().0;
+        let vmm = Arc::new(Mutex::new(vmm));
+        let counts = Arc::new(Mutex::new(ServiceCounts::default()));
+        let service = mailbox.as_ref().map(|m| {
+            Service::start(
+                gpu.context().clone(),
+                vmm.clone(),
+                m.clone(),
+                counts.clone(),
+            )
+        });
+        let mut heap = Self {
+            backing: Backing::Growable(Growable {
+                service,
+                vmm,
+                mailbox,
+                counts,
+                release_threshold: b.release_threshold.unwrap_or(initial),
+                init_finish: gpu.function("toga_heap_init_growable_finish")?,
+                add_range: gpu.function("toga_heap_add_range")?,
+                take_granules: gpu.function("toga_heap_take_granules")?,
+                collect: gpu.function("toga_heap_collect")?,
+            }),
+            base: geometry.base,
+            geometry,
+            stream: stream.clone(),
+            init_nodes: gpu.function("toga_heap_init_nodes")?,
+            init_finish: gpu.function("toga_heap_init_finish")?,
+            trim: gpu.function("toga_trim")?,
+            header_image: Vec::new(),
+        };
+        heap.reset(stream)?;
+        heap.bind(gpu.module(), stream)?;
+        Ok(heap)
+    }
+
+    /// Whether the heap grows on demand (false for a fixed heap, and for a growable one that
+    /// fell back to a fixed heap).
+    pub fn is_growable(&self) -> bool {
+        matches!(self.backing, Backing::Growable(_))
+    }
+
     /// Free everything at once: the heap is re-initialized, in order on `stream`, and ready for
-    /// the next iteration. Every kernel using the heap must be ordered before this.
+    /// the next iteration. Every kernel using the heap must be ordered before this. A growable
+    /// heap keeps what it has mapped, and synchronizes `stream` first.
     pub fn reset(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        if self.is_growable() {
+            // The mailbox is read and written below, now: no kernel may be using it.
+            stream.synchronize()?;
+        }
         let header_bytes = self.geometry.data_offset as usize;
         let s = stream.cu_stream();
         // SAFETY: the metadata region is ours; ordered on `stream`.
@@ -213,12 +417,162 @@ impl Heap {
                 .launch_builder(&self.init_nodes)
                 .arg(&self.base)
                 .launch(crate::launch_config(threads))?;
+        }
+        let Backing::Growable(g) = &self.backing else {
+            // SAFETY: as above.
+            unsafe {
+                stream
+                    .launch_builder(&self.init_finish)
+                    .arg(&self.base)
+                    .launch(crate::launch_config(1))?;
+            }
+            return Ok(());
+        };
+        // SAFETY: as above.
+        unsafe {
             stream
-                .launch_builder(&self.init_finish)
+                .launch_builder(&g.init_finish)
                 .arg(&self.base)
                 .launch(crate::launch_config(1))?;
         }
+        // Under the lock, so that the growth service's replies are either in this snapshot
+        // (and marked taken in) or come after it.
+        let vmm = g.vmm.lock().unwrap();
+        if let Some(m) = &g.mailbox {
+            let answered = m.read(|m| unsafe { &raw mut (*m).reply_seq });
+            m.write(|m| unsafe { &raw mut (*m).consumed_seq }, answered);
+        }
+        for (first, count) in vmm.mapped_runs() {
+            let (offset, bytes) = (first * vmm.granule(), count * vmm.granule());
+            // SAFETY: the run is mapped and not in the freshly initialized tree.
+            unsafe {
+                stream
+                    .launch_builder(&g.add_range)
+                    .arg(&self.base)
+                    .arg(&offset)
+                    .arg(&bytes)
+                    .launch(crate::launch_config(1))?;
+            }
+        }
         Ok(())
+    }
+
+    /// Map at least `bytes` more memory into a growable heap and hand it to the allocator, in
+    /// order on `stream` (the mapping itself happens now). The growth is a power-of-two number
+    /// of granules. Returns the mapped bytes after it. Past the maximum, or past the device's
+    /// memory, it fails and the heap is unchanged.
+    pub fn grow(&self, stream: &Arc<CudaStream>, bytes: u64) -> Result<u64> {
+        let Backing::Growable(g) = &self.backing else {
+            return Err(Error::NotGrowable);
+        };
+        stream.context().bind_to_thread()?;
+        let mut vmm = g.vmm.lock().unwrap();
+        let (mapped, max) = (vmm.mapped().0, vmm.max_bytes());
+        if bytes > max - mapped {
+            return Err(Error::HeapTooLarge {
+                requested: mapped + bytes,
+                limit: max,
+                why: "the growable heap's maximum",
+            });
+        }
+        let (offset, len) = vmm.grow(bytes, 0)?;
+        // SAFETY: the range was just mapped and is not in the heap.
+        unsafe {
+            stream
+                .launch_builder(&g.add_range)
+                .arg(&self.base)
+                .arg(&offset)
+                .arg(&len)
+                .launch(crate::launch_config(1))?;
+        }
+        // Memory may be there again for a kernel that was turned away.
+        self.clear_denied(stream)?;
+        Ok(vmm.mapped().0)
+    }
+
+    /// Give back the mapped memory of a growable heap beyond `keep_bytes`, like
+    /// `cudaMemPoolTrimTo`: first UAlloc's unused bins and chunks go back to the buddy tree,
+    /// then whole free granules are taken out of it and unmapped. Blocks in use stay where
+    /// they are, so less may be released. Synchronizes `stream`. Returns the bytes released.
+    pub fn trim_to(&self, stream: &Arc<CudaStream>, keep_bytes: u64) -> Result<u64> {
+        let Backing::Growable(g) = &self.backing else {
+            return Ok(0);
+        };
+        stream.context().bind_to_thread()?;
+        self.collect(stream)?;
+        let granule = g.vmm.lock().unwrap().granule();
+        let mapped = g.vmm.lock().unwrap().mapped().0;
+        if mapped <= keep_bytes {
+            return Ok(0);
+        }
+        let want = (mapped - keep_bytes) / granule;
+        if want == 0 {
+            return Ok(0);
+        }
+        let mut out = stream.alloc_zeros::<u64>(want as usize)?;
+        let mut count = stream.alloc_zeros::<u64>(1)?;
+        // SAFETY: the kernel writes at most `want` offsets and one count.
+        unsafe {
+            stream
+                .launch_builder(&g.take_granules)
+                .arg(&self.base)
+                .arg(&mut out)
+                .arg(&want)
+                .arg(&mut count)
+                .launch(crate::launch_config(1))?;
+        }
+        let n = stream.clone_dtoh(&count)?[0] as usize;
+        let offsets = stream.clone_dtoh(&out)?;
+        stream.synchronize()?;
+        let mut vmm = g.vmm.lock().unwrap();
+        for &offset in &offsets[..n] {
+            vmm.unmap(offset / granule);
+        }
+        drop(vmm);
+        self.clear_denied(stream)?;
+        Ok(n as u64 * granule)
+    }
+
+    /// Wait for `stream`, then apply a growable heap's policy, as CUDA's pools do at a
+    /// synchronization: when the kernels left less than a quarter of the mapped memory
+    /// outside the allocator, grow by half ahead of the next launch; otherwise trim back to
+    /// the release threshold. A fixed heap only waits.
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.synchronize()?;
+        let Backing::Growable(g) = &self.backing else {
+            return Ok(());
+        };
+        let s = self.stats(stream)?;
+        if s.reserved_bytes > s.mapped_bytes / 4 * 3 && s.mapped_bytes < s.max_bytes {
+            let step = vmm::growth_step(s.mapped_bytes).min(s.max_bytes - s.mapped_bytes);
+            // Growing ahead is a wish: a device without that much memory simply does not.
+            let _ = self.grow(stream, step.max(1));
+        } else if s.mapped_bytes > g.release_threshold {
+            self.trim_to(stream, g.release_threshold)?;
+        }
+        stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Take in a growth the host service granted after its asker had given up.
+    fn collect(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        if let Backing::Growable(g) = &self.backing {
+            // SAFETY: the heap outlives the launch.
+            unsafe {
+                stream
+                    .launch_builder(&g.collect)
+                    .arg(&self.base)
+                    .launch(crate::launch_config(1))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Let kernels ask for growth again after the heap was found at its maximum.
+    fn clear_denied(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let at = self.base + offset_of!(HeapHeader, grow_denied) as u64;
+        // SAFETY: one header word, ordered on `stream`.
+        check(unsafe { sys::cuMemsetD32Async(at, 0, 2, stream.cu_stream()) })
     }
 
     /// Give back the memory the small-block allocator holds but does not use, in order on
@@ -291,7 +645,29 @@ impl Heap {
                 *s = s.wrapping_add(word(at + 8 * k));
             }
         }
+        let (max_bytes, mapped_bytes, mapped_high, device_bytes, grants, map_ns) =
+            match &self.backing {
+                Backing::Pool(_) => {
+                    let d = g.data_bytes();
+                    (d, d, d, g.total_bytes, 0, 0)
+                }
+                Backing::Growable(gr) => {
+                    let v = gr.vmm.lock().unwrap();
+                    let c = gr.counts.lock().unwrap();
+                    let (now, high) = v.mapped();
+                    let mean = c.map_ns.checked_div(c.granted).unwrap_or(0);
+                    (v.max_bytes(), now, high, v.device_bytes(), c.granted, mean)
+                }
+            };
         Ok(HeapStats {
+            max_bytes,
+            mapped_bytes,
+            mapped_high,
+            device_bytes,
+            kernel_grows: word(offset_of!(HeapHeader, grows)),
+            kernel_grow_failures: word(offset_of!(HeapHeader, grow_failures)),
+            service_grants: grants,
+            service_map_ns: map_ns,
             capacity_bytes: g.data_bytes(),
             reserved_bytes: word(offset_of!(HeapHeader, reserved)),
             reserved_high: word(offset_of!(HeapHeader, reserved_high)),
@@ -345,10 +721,25 @@ impl Drop for Heap {
         // pool is released by the driver once the free has run.
         unsafe {
             let _ = self.stream.context().bind_to_thread();
-            let _ = sys::cuMemFreeAsync(self.base, self.stream.cu_stream());
-            let _ = sys::cuMemPoolDestroy(self.pool);
+            match &mut self.backing {
+                Backing::Pool(pool) => {
+                    let _ = sys::cuMemFreeAsync(self.base, self.stream.cu_stream());
+                    let _ = sys::cuMemPoolDestroy(*pool);
+                }
+                Backing::Growable(g) => {
+                    // Unmapping is not stream-ordered: wait for the kernels, stop the service,
+                    // then the mapping and the mailbox go (`Vmm` and `MailboxMemory` drops).
+                    let _ = self.stream.synchronize();
+                    g.service.take();
+                }
+            }
         }
     }
+}
+
+/// The default maximum of a growable heap: the device's memory, at most toga's largest heap.
+fn default_max(gpu: &Gpu) -> u64 {
+    gpu.info().total_memory.min(MAX_HEAP_BYTES)
 }
 
 /// Check a heap size without a GPU: zero, below one chunk and above toga's largest heap are

@@ -8,6 +8,7 @@
 pub mod error;
 pub mod gpu;
 pub mod heap;
+mod vmm;
 pub mod workload;
 
 pub use error::{Error, Result};

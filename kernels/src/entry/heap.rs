@@ -63,3 +63,61 @@ pub unsafe extern "ptx-kernel" fn toga_trim(base: *mut u8) {
         unsafe { Heap::from_base(base) }.trim();
     }
 }
+
+/// Initialization of a growable heap, step 2: one thread leaves the tree empty (launched after
+/// `toga_heap_init_nodes`); `toga_heap_add_range` then adds the mapped granules.
+///
+/// # Safety
+/// As for `toga_heap_init_finish`, for a heap laid out by `Geometry::growable`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_init_growable_finish(base: *mut u8) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { Heap::from_base(base) }.init_growable_finish();
+    }
+}
+
+/// Add `bytes` of freshly mapped memory at data offset `offset` to a growable heap (one thread).
+///
+/// # Safety
+/// `base` is an initialized growable heap; the range is whole granules, mapped, and not in it.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_add_range(base: *mut u8, offset: u64, bytes: u64) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { Heap::from_base(base) }.add_range(offset, bytes);
+    }
+}
+
+/// Take up to `max` free granules out of a growable heap (one thread): their data offsets go
+/// to `out`, their number to `*count`. The host unmaps them afterwards.
+///
+/// # Safety
+/// `base` is an initialized heap; `out` holds `max` words and `count` one.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_take_granules(
+    base: *mut u8,
+    out: *mut u64,
+    max: u64,
+    count: *mut u64,
+) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe {
+            let out = core::slice::from_raw_parts_mut(out, max as usize);
+            *count = Heap::from_base(base).take_granules(out) as u64;
+        }
+    }
+}
+
+/// Take in a growth the host granted after its asker gave up (one thread).
+///
+/// # Safety
+/// `base` is an initialized heap.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_collect(base: *mut u8) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { Heap::from_base(base) }.collect_growth();
+    }
+}

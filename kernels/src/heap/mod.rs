@@ -94,6 +94,15 @@ pub struct Geometry {
     pub data_offset: u64,
     pub pages: u64,
     pub max_order: u64,
+    /// log2 of a growable heap's granule, the unit in which memory is mapped and unmapped
+    /// (0: a fixed heap, whose whole data region is memory).
+    pub granule_shift: u64,
+    /// The granule map of a growable heap: one bit per granule, set while it is mapped and in
+    /// the tree (INV(HP4)).
+    pub granules_offset: u64,
+    /// Device address of the growth [`Mailbox`] in mapped host memory (0: no growth while a
+    /// kernel runs).
+    pub mailbox: u64,
 }
 
 /// Why a heap of the asked size cannot be laid out.
@@ -142,6 +151,44 @@ impl Geometry {
         g.large_offset + pages * 4
     }
 
+    /// Lay out a growable heap whose data region may reach `max_data_bytes` (rounded down to
+    /// whole granules of `1 << granule_shift` bytes) in a reservation at `base`, which must be
+    /// granule-aligned. The metadata comes first and is always mapped: `data_offset` bytes.
+    /// Nothing of the data region needs to be mapped yet. The reservation's size is
+    /// `total_bytes`.
+    pub fn growable(
+        base: u64,
+        max_data_bytes: u64,
+        arenas: u64,
+        granule_shift: u32,
+        mailbox: u64,
+    ) -> Result<Self, GeometryError> {
+        let granule = 1u64 << granule_shift;
+        assert!(granule >= CHUNK_SIZE as u64 && base.is_multiple_of(granule));
+        if max_data_bytes < granule {
+            return Err(GeometryError::TooSmall { minimum: granule });
+        }
+        let pages = Self::check(max_data_bytes / granule * granule)?;
+        let mut g = Self::layout(base, 0, pages, arenas.max(1));
+        let granules = pages >> (granule_shift - PAGE_SHIFT);
+        g.granule_shift = granule_shift as u64;
+        g.granules_offset = align_up(g.large_offset + pages * 4, LINE_SIZE as u64);
+        let map_bytes = granules.div_ceil(32) * 4;
+        g.data_offset = align_up(g.granules_offset + map_bytes, granule);
+        g.total_bytes = g.data_offset + pages * PAGE_SIZE as u64;
+        g.mailbox = mailbox;
+        Ok(g)
+    }
+
+    /// Granules of a growable heap's data region (0 for a fixed heap).
+    pub fn granules(&self) -> u64 {
+        if self.granule_shift == 0 {
+            0
+        } else {
+            (self.pages << PAGE_SHIFT) >> self.granule_shift
+        }
+    }
+
     fn layout(base: u64, total_bytes: u64, pages: u64, arenas: u64) -> Self {
         let line = LINE_SIZE as u64;
         let max_order = Self::max_order_for(pages);
@@ -166,6 +213,9 @@ impl Geometry {
             data_offset,
             pages,
             max_order,
+            granule_shift: 0,
+            granules_offset: 0,
+            mailbox: 0,
         }
     }
 
@@ -201,8 +251,39 @@ pub struct HeapHeader {
     /// Bytes taken from TBuddy (UAlloc chunks and large blocks), and its high-water mark.
     pub reserved: Line,
     pub reserved_high: Line,
+    /// Growth while kernels run (INV(HP5)): the lock of the mailbox, held by the one thread
+    /// that talks to the host; nonzero `grow_denied` once the host answered that the heap is
+    /// at its maximum (the host clears it when it trims); and counts of the growths and of the
+    /// requests that got nothing (denied or timed out).
+    pub grow_lock: Line,
+    pub grow_denied: Line,
+    pub grows: Line,
+    pub grow_failures: Line,
     pub buddy: TBuddyHeader,
 }
+
+/// The growth mailbox: a few words of pinned host memory mapped into the device, through
+/// which a kernel asks the host for more memory (INV(HP5)). The device side writes the
+/// request and `consumed_seq`, the host the reply; sequence numbers say what is new.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Mailbox {
+    /// Requests posted (device).
+    pub request_seq: u64,
+    /// Bytes the newest request needs (device).
+    pub request_bytes: u64,
+    /// Replies taken into the heap (device).
+    pub consumed_seq: u64,
+    /// Replies written (host): equals `request_seq` once the newest request is answered.
+    pub reply_seq: u64,
+    /// The mapped range of the newest reply: data-region offset and bytes (0 bytes: denied).
+    pub reply_offset: u64,
+    pub reply_bytes: u64,
+}
+
+/// How long a thread waits for the host to answer a growth request before it gives up (and
+/// its `malloc` returns null, counted in `grow_failures`).
+pub const GROW_TIMEOUT_NS: u64 = 1_000_000_000;
 
 /// A view of an initialized heap.
 #[derive(Clone, Copy)]
@@ -223,9 +304,21 @@ pub struct HeapChunks<'a> {
     data: *mut u8,
 }
 
+impl<'a> HeapChunks<'a> {
+    /// The whole heap (for growth, on the cold path).
+    fn heap(&self) -> Heap<'a> {
+        // SAFETY: `header` is the first word of an initialized heap that outlives `'a`.
+        unsafe { Heap::from_base(self.header as *const HeapHeader as *mut u8) }
+    }
+}
+
 impl ChunkSource for HeapChunks<'_> {
     fn alloc_chunk(&self) -> Option<*mut u8> {
-        let offset = self.buddy.alloc(CHUNK_ORDER)?;
+        let mut offset = self.buddy.alloc(CHUNK_ORDER);
+        while offset.is_none() && self.heap().grow_on_demand(CHUNK_SIZE as u64) {
+            offset = self.buddy.alloc(CHUNK_ORDER);
+        }
+        let offset = offset?;
         add_reserved(self.header, CHUNK_SIZE as u64);
         // SAFETY: TBuddy offsets are inside the data region.
         Some(unsafe { self.data.add(offset as usize) })
@@ -292,8 +385,10 @@ impl<'a> Heap<'a> {
         let per = words.div_ceil(threads);
         let start = (thread * per).min(words);
         let end = (start + per).min(words);
-        self.buddy
-            .init_nodes(start as usize..end as usize, self.header.geometry.pages);
+        let g = &self.header.geometry;
+        // A growable heap's tree starts empty (all Busy); its memory comes with `add_range`.
+        let usable = if g.granule_shift == 0 { g.pages } else { 0 };
+        self.buddy.init_nodes(start as usize..end as usize, usable);
     }
 
     /// Initialization, step 2 (one thread, after step 1 finished everywhere).
@@ -303,8 +398,202 @@ impl<'a> Heap<'a> {
         self.header.magic.store_release(HEAP_MAGIC);
     }
 
+    /// Initialization of a growable heap, step 2 (one thread, after step 1): the tree starts
+    /// empty; the host then adds its mapped granules with `add_range`.
+    pub fn init_growable_finish(&self) {
+        self.buddy.init_growable_finish(self.header.geometry.pages);
+        self.header.magic.store_release(HEAP_MAGIC);
+    }
+
     fn buddy_words(&self) -> u64 {
         self.header.geometry.node_words
+    }
+
+    // ---- growth (growable heaps) ----------------------------------------------------------
+
+    fn granule_map(&self) -> &'a [Atomic32] {
+        let g = &self.header.geometry;
+        let base = self.header as *const HeapHeader as *const u8;
+        // SAFETY: the geometry places `granules().div_ceil(32)` words at `granules_offset`.
+        unsafe {
+            core::slice::from_raw_parts(
+                base.add(g.granules_offset as usize) as *const Atomic32,
+                g.granules().div_ceil(32) as usize,
+            )
+        }
+    }
+
+    /// Whether the granule of `p` (inside the data region) is mapped: always for a fixed heap.
+    #[inline]
+    fn is_mapped(&self, p: *mut u8) -> bool {
+        let shift = self.header.geometry.granule_shift;
+        if shift == 0 {
+            return true;
+        }
+        let granule = (p as u64 - self.data as u64) >> shift;
+        self.granule_map()[(granule / 32) as usize].load_relaxed() & (1 << (granule % 32)) != 0
+    }
+
+    /// Hand `bytes` of freshly mapped memory at data offset `offset` (whole granules, none in
+    /// the heap yet) to the heap: mark the granules mapped, then grow the buddy tree by the
+    /// aligned blocks that tile the range.
+    pub fn add_range(&self, offset: u64, bytes: u64) {
+        let shift = self.header.geometry.granule_shift;
+        debug_assert!(
+            shift != 0 && offset.is_multiple_of(1 << shift) && bytes.is_multiple_of(1 << shift)
+        );
+        let map = self.granule_map();
+        for granule in offset >> shift..(offset + bytes) >> shift {
+            map[(granule / 32) as usize].fetch_or_relaxed(1 << (granule % 32));
+        }
+        let (mut at, end) = (offset >> PAGE_SHIFT, (offset + bytes) >> PAGE_SHIFT);
+        while at < end {
+            let order = (at.trailing_zeros())
+                .min(63 - (end - at).leading_zeros())
+                .min(self.buddy.max_order());
+            // INV(TB10): the block is mapped and was not in the tree.
+            self.buddy.grow(at << PAGE_SHIFT, order);
+            at += 1 << order;
+        }
+    }
+
+    /// Take free granules out of the heap for the host to unmap: first give back what UAlloc
+    /// holds unused, then take granule-sized blocks from the tree and clear their map bits,
+    /// writing their data offsets to `out` (at most `out.len()`). Returns how many.
+    pub fn take_granules(&self, out: &mut [u64]) -> usize {
+        let shift = self.header.geometry.granule_shift;
+        if shift == 0 {
+            return 0;
+        }
+        self.trim();
+        let map = self.granule_map();
+        let mut n = 0;
+        while n < out.len() {
+            let Some(offset) = self.buddy.take(shift as u32 - PAGE_SHIFT) else {
+                break;
+            };
+            let granule = offset >> shift;
+            map[(granule / 32) as usize].fetch_and_relaxed(!(1 << (granule % 32)));
+            out[n] = offset;
+            n += 1;
+        }
+        n
+    }
+
+    /// Ask the host for `bytes` more memory and wait for it (a growable heap with a mailbox;
+    /// `false` at once otherwise, or when the heap is at its maximum). `true` when memory was
+    /// added, by this thread or by another while this one waited: the caller tries again.
+    /// One thread at a time holds the mailbox (INV(HP5)); the others wait for it and retry.
+    #[cold]
+    #[inline(never)]
+    pub fn grow_on_demand(&self, bytes: u64) -> bool {
+        let h = self.header;
+        if h.geometry.mailbox == 0 || h.grow_denied.0.load_relaxed() != 0 {
+            return false;
+        }
+        let start = platform::global_timer_ns();
+        let grows = h.grows.0.load_relaxed();
+        let mut backoff = platform::Backoff::new();
+        loop {
+            // Acquire: pairs with the release that dropped the lock after the last growth.
+            if h.grow_lock.0.load_relaxed() == 0
+                && h.grow_lock.0.compare_exchange_acq_rel(0, 1).is_ok()
+            {
+                break;
+            }
+            if platform::global_timer_ns().wrapping_sub(start) > GROW_TIMEOUT_NS {
+                h.grow_failures.0.fetch_add_relaxed(1);
+                return false;
+            }
+            backoff.snooze();
+        }
+        let grown = if h.grows.0.load_relaxed() != grows {
+            // Another thread grew the heap while this one waited: try that first.
+            true
+        } else {
+            self.grow_locked(bytes, start)
+        };
+        // Release: the tree's new blocks before the next holder's look.
+        h.grow_lock.0.store_release(0);
+        grown
+    }
+
+    /// The mailbox exchange, under the grow lock: post a request unless one is open, wait for
+    /// the answer, take it in.
+    fn grow_locked(&self, bytes: u64, start: u64) -> bool {
+        let mb = self.header.geometry.mailbox as *mut Mailbox;
+        // SAFETY: the host keeps the mailbox mapped for the heap's life; only the lock holder
+        // writes the device's words.
+        unsafe {
+            let consumed = platform::load_sys(&raw const (*mb).consumed_seq);
+            if platform::load_sys(&raw const (*mb).reply_seq) == consumed {
+                // No answer waiting. Post a request, unless an earlier holder's is still open
+                // (it timed out): then wait for that one's answer.
+                let posted = platform::load_sys(&raw const (*mb).request_seq);
+                if posted == consumed {
+                    platform::store_sys(&raw mut (*mb).request_bytes, bytes);
+                    platform::fence_sys();
+                    platform::store_sys(&raw mut (*mb).request_seq, posted + 1);
+                }
+                let mut sleep = 1_000;
+                while platform::load_sys(&raw const (*mb).reply_seq) == consumed {
+                    if platform::global_timer_ns().wrapping_sub(start) > GROW_TIMEOUT_NS {
+                        self.header.grow_failures.0.fetch_add_relaxed(1);
+                        return false;
+                    }
+                    platform::nanosleep(sleep);
+                    sleep = (sleep * 2).min(20_000);
+                }
+            }
+            self.consume_reply(mb)
+        }
+    }
+
+    /// Take the mailbox's newest answer into the heap (under the grow lock, an answer being
+    /// there). Returns whether it added memory.
+    ///
+    /// # Safety
+    /// `mb` is the heap's mailbox.
+    unsafe fn consume_reply(&self, mb: *mut Mailbox) -> bool {
+        // SAFETY: caller's contract.
+        unsafe {
+            let seq = platform::load_sys(&raw const (*mb).reply_seq);
+            // The host wrote the range before the sequence number.
+            platform::fence_sys();
+            let offset = platform::load_sys(&raw const (*mb).reply_offset);
+            let bytes = platform::load_sys(&raw const (*mb).reply_bytes);
+            platform::store_sys(&raw mut (*mb).consumed_seq, seq);
+            if bytes == 0 {
+                self.header.grow_denied.0.store_relaxed(1);
+                self.header.grow_failures.0.fetch_add_relaxed(1);
+                return false;
+            }
+            self.add_range(offset, bytes);
+        }
+        self.header.grows.0.fetch_add_relaxed(1);
+        true
+    }
+
+    /// Take in an answer that arrived after its asker gave up (the host runs this before it
+    /// looks at the heap, `toga_heap_collect`). Returns whether it added memory.
+    pub fn collect_growth(&self) -> bool {
+        let h = self.header;
+        if h.geometry.mailbox == 0 {
+            return false;
+        }
+        let mut backoff = platform::Backoff::new();
+        while h.grow_lock.0.compare_exchange_acq_rel(0, 1).is_err() {
+            backoff.snooze();
+        }
+        let mb = h.geometry.mailbox as *mut Mailbox;
+        // SAFETY: the heap's mailbox, under the lock.
+        let grown = unsafe {
+            platform::load_sys(&raw const (*mb).reply_seq)
+                != platform::load_sys(&raw const (*mb).consumed_seq)
+                && self.consume_reply(mb)
+        };
+        h.grow_lock.0.store_release(0);
+        grown
     }
 
     /// Whether `init_finish` has run.
@@ -411,6 +700,10 @@ impl<'a> Heap<'a> {
             retries += 1;
             offset = self.buddy.alloc(order);
         }
+        // A growable heap asks the host for more before it gives up.
+        while offset.is_none() && self.grow_on_demand((PAGE_SIZE as u64) << order) {
+            offset = self.buddy.alloc(order);
+        }
         match offset {
             Some(offset) => {
                 let page = (offset >> PAGE_SHIFT) as usize;
@@ -487,6 +780,8 @@ impl<'a> Heap<'a> {
                 0 => 0,
                 o => PAGE_SIZE << (o - 1),
             }
+        } else if !self.is_mapped(p) {
+            0
         } else {
             // SAFETY: `p` is a live UAlloc block (caller).
             unsafe { self.ualloc().usable_size(p) }
@@ -568,6 +863,10 @@ impl<'a> Heap<'a> {
                     bytes
                 }
             }
+        } else if !self.is_mapped(p) {
+            // A growable heap's unmapped granule: no block there, and nothing to read.
+            self.count(stat::INVALID_FREES, 1);
+            0
         } else {
             // SAFETY: `p` is inside the data region and not page-aligned (caller's contract).
             match unsafe { self.ualloc().free(p) } {

@@ -340,3 +340,34 @@ pub fn trap() -> ! {
     // SAFETY: `trap` ends the thread.
     unsafe { core::arch::nvptx::trap() }
 }
+
+/// Load a word of host memory mapped into the device (`ld.relaxed.sys`): what the host wrote
+/// there, seen across the bus. Only toga's growth mailbox uses system scope.
+///
+/// # Safety
+/// `p` is a valid, 8-aligned address (mapped host memory).
+#[inline(always)]
+pub unsafe fn load_sys(p: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: caller's contract.
+    unsafe { asm!("ld.relaxed.sys.u64 {0}, [{1}];", out(reg64) v, in(reg64) p, options(nostack)) }
+    v
+}
+
+/// Store a word of mapped host memory (`st.relaxed.sys`).
+///
+/// # Safety
+/// As for [`load_sys`].
+#[inline(always)]
+pub unsafe fn store_sys(p: *mut u64, v: u64) {
+    // SAFETY: caller's contract.
+    unsafe { asm!("st.relaxed.sys.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)) }
+}
+
+/// `fence.sc.sys`: orders this thread's accesses of device and host memory as the host sees
+/// them (the growth mailbox: payload before sequence number, and the reverse on reading).
+#[inline(always)]
+pub fn fence_sys() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.sc.sys;", options(nostack)) }
+}

@@ -56,8 +56,10 @@
 //!   which is then Partial; one lock at a time, never held while waiting.
 //! - TB6: the availability index matches the node states at quiescence (bit n ⇔ node n
 //!   Available; summary bit ⇔ word below non-zero).
-//! - TB7: nodes wholly beyond `usable_pages` are Busy and nodes straddling it Partial, forever;
-//!   init's Available nodes are the binary decomposition of `usable_pages`.
+//! - TB7: nodes wholly beyond the extent are Busy forever. In a fixed tree the extent is
+//!   `usable_pages`, nodes straddling it are Partial forever, and init's Available nodes are the
+//!   binary decomposition of `usable_pages`. A growable tree starts all Busy; a node straddling
+//!   its extent is Busy until a `grow` below it makes it Partial.
 //! - TB8: all-zero memory is a valid tree: all Busy, semaphores empty, every `alloc` is `None`.
 //! - TB9: the free-page counter is the pages of Available blocks and of blocks in transit
 //!   (being split or merged), less the pages reserved by allocators that have not found their
@@ -65,6 +67,10 @@
 //!   its pages first and gives them back if it fails; a free adds them after the block is
 //!   back in the tree. So the counter never promises pages that do not exist, and with K free
 //!   pages at most K one-page requests get past it.
+//! - TB10 (growable trees): a page is in the tree from the `grow` that adds it until the `take`
+//!   that removes it. A node holding a page outside the tree is Busy or Partial, never
+//!   Available, allocated or merging; `grow` adds only blocks wholly outside the tree, and
+//!   `take` removes only whole free blocks.
 
 pub mod index;
 
@@ -128,8 +134,15 @@ pub struct TBuddyHeader {
     /// Pages in free blocks, less the pages that allocators have reserved and not yet taken
     /// (INV(TB9)): the cheap test that turns an allocation away when memory is out.
     free_pages: PageCounter,
-    /// Pages the tree manages, written by `init_finish` (0 before).
+    /// Pages in the tree: set by `init_finish`, raised by [`TBuddy::grow`], lowered by
+    /// [`TBuddy::take`] (0 before init).
     usable_pages: Atomic64,
+    /// Pages the tree may ever hold (`init_finish`'s pages, or a growable tree's extent): nodes
+    /// wholly beyond stay Busy forever (INV(TB7)).
+    extent_pages: Atomic64,
+    /// Nonzero for a growable tree ([`TBuddy::init_growable_finish`]): ranges of the extent
+    /// come and go with [`TBuddy::grow`] and [`TBuddy::take`].
+    growable: Atomic32,
     /// Tickets that re-scatter a search after a collision (threads that collided had the same
     /// seed, so they need distinct ones).
     scatter: Atomic32,
@@ -142,6 +155,8 @@ impl TBuddyHeader {
             sems: core::array::from_fn(|_| OrderSemaphore(BulkSemaphore::new(0))),
             free_pages: PageCounter(Atomic64::new(0)),
             usable_pages: Atomic64::new(0),
+            extent_pages: Atomic64::new(0),
+            growable: Atomic32::new(0),
             scatter: Atomic32::new(0),
         }
     }
@@ -341,7 +356,98 @@ impl<'a> TBuddy<'a> {
         }
         // INV(TB9): every page starts free.
         self.header.free_pages.0.store_relaxed(usable_pages);
+        self.header.extent_pages.store_relaxed(usable_pages);
         self.header.usable_pages.store_release(usable_pages);
+    }
+
+    /// Initialization of a growable tree, step 2 (after `init_nodes` with 0 usable pages, which
+    /// leaves every node Busy and the index empty): the tree starts empty and may later hold
+    /// any page below `extent_pages` (`<= 2^max_order`), added with [`grow`](Self::grow).
+    pub fn init_growable_finish(&self, extent_pages: u64) {
+        assert!(
+            extent_pages <= 1u64 << self.max_order,
+            "TBuddy: more pages than the tree covers"
+        );
+        self.header.free_pages.0.store_relaxed(0);
+        self.header.extent_pages.store_relaxed(extent_pages);
+        self.header.growable.store_relaxed(1);
+        self.header.usable_pages.store_release(0);
+    }
+
+    // ---- growth ---------------------------------------------------------------------------
+
+    /// Add the block of `order` at byte `offset` to the tree, as if it were freed: it merges
+    /// with free buddies and can be allocated at once. Safe while other threads allocate and
+    /// free, and while other `grow`s add other blocks.
+    ///
+    /// The block must lie below the extent and hold no page of the tree: never added before, or
+    /// taken out whole by [`take`](Self::take) (INV(TB10)). Then every node inside it is Busy or
+    /// Partial left over from an earlier life, and every ancestor that is Busy is Busy only
+    /// because it holds pages outside the tree: no thread allocates, splits or merges any of
+    /// them, since an allocated, split or merging block holds only pages of the tree.
+    pub fn grow(&self, offset: u64, order: u32) {
+        debug_assert!(order <= self.max_order);
+        debug_assert_eq!(offset & ((PAGE_SIZE as u64) << order).wrapping_sub(1), 0);
+        debug_assert!(
+            (offset >> PAGE_SHIFT) + (1u64 << order) <= self.header.extent_pages.load_relaxed()
+        );
+        let node = self.node_at(offset, order);
+        // INV(TB2): the block is about to be freed whole, so everything below it must be Busy.
+        // Nodes split in an earlier life (before `take`) may still say Partial; nobody else
+        // reads them.
+        self.word(node).store_relaxed(BUSY);
+        self.reset_below(node);
+        // INV(TB5): a freed node's ancestors are Partial. Top-down, so that each conversion
+        // lands under a Partial parent; a CAS, because a concurrent `grow` under the same
+        // ancestor may convert it first (then it is Partial, and maybe locked, already).
+        let depth = self.max_order - order;
+        for level in 0..depth {
+            let ancestor = Node(node.0 >> (depth - level));
+            // Release: a `free` that locks this word sees the Busy children stores above.
+            let _ = self.word(ancestor).compare_exchange_acq_rel(BUSY, PARTIAL);
+        }
+        self.header.usable_pages.fetch_add_relaxed(1u64 << order);
+        self.free(offset, order);
+    }
+
+    /// Store Busy over every Partial node strictly below `top`, visiting only Partial nodes
+    /// (a stackless depth-first walk; a Busy node's subtree is Busy already, INV(TB2)).
+    fn reset_below(&self, top: Node) {
+        if self.order_of(top) == 0 {
+            return;
+        }
+        let mut cur = top.left();
+        loop {
+            let word = self.word(cur);
+            if word.load_relaxed() & STATE_MASK == PARTIAL {
+                word.store_relaxed(BUSY);
+                // INV(TB3): a Partial node has children.
+                cur = cur.left();
+                continue;
+            }
+            // Next: the right sibling, after climbing out of finished right subtrees.
+            while cur.0 & 1 == 1 {
+                cur = cur.parent();
+                if cur == top {
+                    return;
+                }
+            }
+            cur = cur.buddy();
+        }
+    }
+
+    /// Take a free block of `order` out of the tree for good (a growable heap unmaps it): an
+    /// [`alloc`](Self::alloc) that also lowers the tree's page count. `None` when no block of
+    /// that order is free. The block may come back later with [`grow`](Self::grow).
+    pub fn take(&self, order: u32) -> Option<u64> {
+        let offset = self.alloc(order)?;
+        self.header.usable_pages.fetch_sub_relaxed(1u64 << order);
+        Some(offset)
+    }
+
+    /// Pages the tree may ever hold.
+    pub fn extent_pages(&self) -> u64 {
+        self.header.extent_pages.load_relaxed()
     }
 
     /// Serial init (host tests): `init_nodes` over everything, then `init_finish`.
@@ -663,7 +769,8 @@ impl<'a> TBuddy<'a> {
     /// Walk the whole tree and check TB1–TB7 (host only; call it at quiescence).
     #[cfg(not(target_arch = "nvptx64"))]
     pub fn assert_valid(&self) {
-        let usable = self.usable_pages();
+        let extent = self.extent_pages();
+        let growable = self.header.growable.load_relaxed() != 0;
         let mut available = [0u32; MAX_LEVELS as usize];
         let nodes = self.nodes.len() as u32;
         for n in 1..nodes {
@@ -693,9 +800,9 @@ impl<'a> TBuddy<'a> {
             }
             let start = self.offset_of(node, order) >> PAGE_SHIFT;
             let end = start + (1u64 << order);
-            if start >= usable {
+            if start >= extent {
                 assert_eq!(state, BUSY, "TB7: node {n} beyond the heap is not Busy");
-            } else if end > usable {
+            } else if end > extent && !growable {
                 assert_eq!(
                     state, PARTIAL,
                     "TB7: node {n} straddles the heap's end, not Partial"
