@@ -185,3 +185,179 @@ fn free_waits_for_a_claim_in_flight() {
         assert_eq!(view.alloc(MAX_ORDER), Some(0));
     });
 }
+
+// ---- growable trees ---------------------------------------------------------------------------
+
+impl Tree {
+    /// An empty growable tree of `max_order` that may hold `extent` pages: `init_nodes` with no
+    /// pages (all Busy), then `init_growable_finish`.
+    fn growable(max_order: u32, extent: u64) -> Arc<Self> {
+        let tree = Arc::new(Self {
+            header: TBuddyHeader::new(),
+            nodes: (0..TBuddy::node_words(max_order))
+                .map(|_| Atomic32::new(0))
+                .collect(),
+        });
+        let view = tree.view();
+        view.init_nodes(0..TBuddy::node_words(max_order), 0);
+        view.init_growable_finish(extent);
+        tree
+    }
+}
+
+/// Byte offset of page `i`.
+fn page(i: u64) -> u64 {
+    i * PAGE_SIZE as u64
+}
+
+/// After the threads of a growth model joined: the tree is valid, holds `pages` pages, all free.
+fn assert_all_free(view: &TBuddy<'_>, pages: u64) {
+    view.assert_valid();
+    assert_eq!(view.usable_pages(), pages);
+    assert_eq!(view.free_pages(), pages);
+    assert_eq!(view.available_pages(), pages);
+}
+
+/// Pages 2–3 grown (Available), page 0 grown and allocated. Thread B grows page 1 while thread
+/// A frees page 0, its buddy: the grow's `free` and A's free race for the pair lock of node 2
+/// and to merge, and the merged half then merges with pages 2–3 into the root.
+#[test]
+fn grow_races_a_merging_free() {
+    loom::model(|| {
+        let tree = Tree::growable(MAX_ORDER, PAGES);
+        let view = tree.view();
+        view.grow(page(2), 1);
+        view.grow(page(0), 0);
+        assert_eq!(view.alloc(0), Some(page(0)), "the only order-0 block");
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().grow(page(1), 0))
+        };
+        view.free(page(0), 0);
+        other.join().unwrap();
+        assert_all_free(&view, PAGES);
+        assert_eq!(
+            view.alloc(MAX_ORDER),
+            Some(0),
+            "the grow and the free did not merge back to the root"
+        );
+    });
+}
+
+/// Pages 2–3 grown; threads A and B grow pages 0 and 1 at once: both convert node 2 from
+/// Busy to Partial (one CAS wins), then their frees race to merge, and on into the root.
+#[test]
+fn two_buddies_grow_at_once() {
+    loom::model(|| {
+        let tree = Tree::growable(MAX_ORDER, PAGES);
+        let view = tree.view();
+        view.grow(page(2), 1);
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().grow(page(1), 0))
+        };
+        view.grow(page(0), 0);
+        other.join().unwrap();
+        assert_all_free(&view, PAGES);
+        assert_eq!(
+            view.alloc(MAX_ORDER),
+            Some(0),
+            "the grown pages did not merge"
+        );
+    });
+}
+
+/// An empty tree; threads A and B grow its two halves at once: both convert the root from
+/// Busy to Partial, then race to merge at the root.
+#[test]
+fn two_halves_grow_into_an_empty_tree() {
+    loom::model(|| {
+        let tree = Tree::growable(MAX_ORDER, PAGES);
+        let view = tree.view();
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().grow(page(2), 1))
+        };
+        view.grow(page(0), 1);
+        other.join().unwrap();
+        assert_all_free(&view, PAGES);
+        assert_eq!(view.alloc(MAX_ORDER), Some(0), "the halves did not merge");
+    });
+}
+
+/// Pages 0–1 grown (Available). Thread B grows pages 2–3, their buddy, while thread A
+/// allocates two pages and frees them: B's merge races A's claim (B may see its buddy
+/// Available with its unit held by A, and must wait, TB1), and A's free races B's merge.
+#[test]
+fn alloc_races_a_merging_grow() {
+    loom::model(|| {
+        let tree = Tree::growable(MAX_ORDER, PAGES);
+        let view = tree.view();
+        view.grow(page(0), 1);
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().grow(page(2), 1))
+        };
+        // Whether it finds pages 0–1 or splits the merged root, it keeps the left half.
+        let got = view.alloc(1);
+        assert_eq!(got, Some(page(0)), "two pages were free all along");
+        view.free(page(0), 1);
+        other.join().unwrap();
+        assert_all_free(&view, PAGES);
+        assert_eq!(view.alloc(MAX_ORDER), Some(0));
+    });
+}
+
+/// Pages 0–1 grown. Thread A takes two pages while thread B grows pages 2–3: A takes pages
+/// 0–1 (whole, or split off the merged root), B's block stays in the tree, and pages 0–1 can
+/// be grown back to a whole tree.
+#[test]
+fn take_races_a_buddy_grow() {
+    loom::model(|| {
+        let tree = Tree::growable(MAX_ORDER, PAGES);
+        let view = tree.view();
+        view.grow(page(0), 1);
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().grow(page(2), 1))
+        };
+        assert_eq!(view.take(1), Some(page(0)), "two pages were free all along");
+        other.join().unwrap();
+        assert_all_free(&view, 2);
+        assert_eq!(view.alloc(1), Some(page(2)), "the grown half");
+        view.free(page(2), 1);
+        view.grow(page(0), 1);
+        assert_all_free(&view, PAGES);
+        assert_eq!(view.alloc(MAX_ORDER), Some(0));
+    });
+}
+
+/// An 8-page tree (max order 3), pages 0–3 grown and allocated whole. Thread B grows pages
+/// 4–5, converting node 3 (pages 4–7, the buddy of A's block) from Busy to Partial, while
+/// thread A frees pages 0–3: A locks the root and reads node 3 mid-conversion; B locks node 3
+/// to free node 6. Neither may merge; growing pages 6–7 afterwards must merge everything.
+#[test]
+fn grow_converts_the_buddy_of_a_block_being_freed() {
+    const MAX_ORDER: u32 = 3;
+    const PAGES: u64 = 1 << MAX_ORDER;
+    loom::model(|| {
+        let tree = Tree::growable(MAX_ORDER, PAGES);
+        let view = tree.view();
+        view.grow(page(0), 2);
+        assert_eq!(view.alloc(2), Some(page(0)));
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().grow(page(4), 1))
+        };
+        view.free(page(0), 2);
+        other.join().unwrap();
+        assert_all_free(&view, 6);
+        view.grow(page(6), 1);
+        assert_all_free(&view, PAGES);
+        assert_eq!(
+            view.alloc(MAX_ORDER),
+            Some(0),
+            "the tree did not merge whole"
+        );
+    });
+}
