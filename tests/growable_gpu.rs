@@ -66,7 +66,7 @@ fn free_all(
 }
 
 #[test]
-fn a_kernel_gets_four_times_the_initial_memory_by_growing_while_it_runs() {
+fn in_kernel_growth_serves_four_times_the_initial_memory() {
     let gpu = gpu_or_skip!();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
@@ -108,7 +108,7 @@ fn a_kernel_gets_four_times_the_initial_memory_by_growing_while_it_runs() {
 }
 
 #[test]
-fn large_blocks_grow_in_aligned_runs() {
+fn in_kernel_growth_maps_large_blocks_in_aligned_runs() {
     let gpu = gpu_or_skip!();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
@@ -135,7 +135,7 @@ fn large_blocks_grow_in_aligned_runs() {
 }
 
 #[test]
-fn out_of_memory_at_the_maximum_returns_null_with_exact_counts() {
+fn in_kernel_growth_stops_at_the_maximum_with_null_and_exact_counts() {
     let gpu = gpu_or_skip!();
     let stream = gpu.default_stream();
     let max = 32 * MIB;
@@ -253,7 +253,7 @@ fn a_free_into_an_unmapped_granule_is_counted_and_harmless() {
 }
 
 #[test]
-fn every_device_gets_a_growable_heap_of_its_own() {
+fn in_kernel_growth_on_every_device_with_a_heap_of_its_own() {
     let first = gpu_or_skip!();
     let count = toga::device_count().unwrap();
     let mut gpus = vec![first];
