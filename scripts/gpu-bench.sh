@@ -8,10 +8,12 @@
 # once in the churn bench (tens of seconds more). The utilization bench (last: it fills heaps up
 # to 1 GiB until malloc returns null, five rounds per cell) writes a row per round, so a bench
 # cut off by LIMIT keeps the rows it wrote; TOGA_BENCH_UTIL_HEAPS=8MiB,64MiB runs only those heaps.
+# The growth bench (growable heaps against a fixed one, and the cost of one growth; under a
+# minute) runs just before it.
 b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
 csv=$(mktemp -d); logs=$(mktemp -d); export TOGA_BENCH_CSV_DIR=$csv
 limit=${LIMIT:-120}; total=${TOTAL:-450}; min_left=${MIN_LEFT:-15}; suite_start=$SECONDS
-for name in ${BENCHES:-malloc_only free_only malloc_free mixed churn warm_launch scaling fill utilization}; do
+for name in ${BENCHES:-malloc_only free_only malloc_free mixed churn warm_launch scaling fill growth utilization}; do
   left=$((total - (SECONDS - suite_start)))
   if [ "$left" -lt "$min_left" ]; then
     echo "=== $name skipped: ${left} s of TOTAL=${total} s left"; continue

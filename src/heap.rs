@@ -232,6 +232,14 @@ impl Heap {
     fn create(gpu: &Gpu, stream: &Arc<CudaStream>, mut b: HeapBuilder) -> Result<Self> {
         let arenas = Self::arenas_for(gpu, &b)?;
         if let Some(grow) = b.growable.clone() {
+            let max = grow.max.unwrap_or(default_max(gpu));
+            if b.bytes > max {
+                return Err(Error::HeapTooLarge {
+                    requested: b.bytes,
+                    limit: max,
+                    why: "the growable heap's maximum",
+                });
+            }
             if vmm::supported(gpu.context()) {
                 return Self::create_growable(gpu, stream, b, grow, arenas);
             }
@@ -315,13 +323,6 @@ impl Heap {
                 },
                 max,
             ));
-        }
-        if b.bytes > max {
-            return Err(Error::HeapTooLarge {
-                requested: b.bytes,
-                limit: max,
-                why: "the growable heap's maximum",
-            });
         }
         let mailbox = if grow.in_kernel {
             Some(Arc::new(MailboxMemory::new()?))
@@ -534,16 +535,17 @@ impl Heap {
     }
 
     /// Wait for `stream`, then apply a growable heap's policy, as CUDA's pools do at a
-    /// synchronization: when the kernels left less than a quarter of the mapped memory
-    /// outside the allocator, grow by half ahead of the next launch; otherwise trim back to
-    /// the release threshold. A fixed heap only waits.
+    /// synchronization: when live blocks fill more than three quarters of the mapped memory,
+    /// grow by half ahead of the next launch; otherwise trim back to the release threshold
+    /// (which first returns UAlloc's empty bins and chunks, [`Heap::trim_to`]). A fixed heap
+    /// only waits.
     pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.synchronize()?;
         let Backing::Growable(g) = &self.backing else {
             return Ok(());
         };
         let s = self.stats(stream)?;
-        if s.reserved_bytes > s.mapped_bytes / 4 * 3 && s.mapped_bytes < s.max_bytes {
+        if s.used_bytes > s.mapped_bytes / 4 * 3 && s.mapped_bytes < s.max_bytes {
             let step = vmm::growth_step(s.mapped_bytes).min(s.max_bytes - s.mapped_bytes);
             // Growing ahead is a wish: a device without that much memory simply does not.
             let _ = self.grow(stream, step.max(1));

@@ -595,6 +595,19 @@ impl MallocBench {
         })
     }
 
+    /// [`MallocBench::new`] around a heap the caller made (a growable heap, or one built with
+    /// other settings), on `gpu` and ordered before `gpu`'s default stream (made on it, say).
+    pub fn with_heap(gpu: &Gpu, threads: u64, heap: Heap) -> Result<Self> {
+        let stream = gpu.default_stream();
+        Ok(Self {
+            heap,
+            w: Workloads::new(gpu)?,
+            ptrs: stream.alloc_zeros::<u64>(threads as usize)?,
+            bump: stream.alloc_zeros::<u64>(1)?,
+            stream,
+        })
+    }
+
     /// Threads per kernel.
     pub fn threads(&self) -> u64 {
         self.ptrs.len() as u64
@@ -603,6 +616,12 @@ impl MallocBench {
     /// The toga heap (for statistics).
     pub fn heap(&self) -> &Heap {
         &self.heap
+    }
+
+    /// The toga heap, to set it up between iterations (reset, trim, grow) before a
+    /// [`MallocBench::run_steady`].
+    pub fn heap_mut(&mut self) -> &mut Heap {
+        &mut self.heap
     }
 
     /// One iteration: set up `state`, time the malloc kernel, time the free kernel.

@@ -3,6 +3,7 @@
 //! no GPU to run on.
 
 mod bench;
+mod growable;
 mod report;
 mod scan;
 mod workloads;
@@ -71,6 +72,20 @@ enum Command {
         #[arg(long)]
         no_exhaust: bool,
     },
+    /// A growable heap alone: start small, grow under load, trim after; a table per round.
+    ///
+    /// Rounds of --threads / 16, --threads / 4 and --threads threads (16–4096 B each, every
+    /// pattern checked, exact counts) grow the heap inside the kernels; once all is free, a
+    /// trim and a synchronize must take it back to --initial, and one more round must work.
+    Grow {
+        /// Bytes mapped at creation, and the release threshold a trim goes back to, e.g. 8MiB.
+        #[arg(long, value_parser = parse_bytes, default_value = "8MiB")]
+        initial: u64,
+        /// Bytes the heap may grow to, e.g. 4GiB. Default: the smaller of 4 GiB and half the
+        /// free device memory.
+        #[arg(long, value_parser = parse_bytes)]
+        max: Option<u64>,
+    },
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -129,6 +144,7 @@ fn run(cli: &Cli) -> toga::Result<bool> {
         Command::Stress => workloads::stress(&gpu, heap_size, cli),
         Command::Bench => bench::run(&gpu, cli),
         Command::Scan { sizes, no_exhaust } => scan::run(&gpu, heap_size, cli, &sizes, !no_exhaust),
+        Command::Grow { initial, max } => growable::run(&gpu, cli, initial, max),
     }
 }
 

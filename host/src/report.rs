@@ -60,6 +60,13 @@ struct StatsJson<'a> {
     failed_allocations: u64,
     invalid_frees: u64,
     double_frees: u64,
+    /// Growable heaps: what is mapped now and at most, the maximum, and the growths kernels
+    /// got and failed to get (a fixed heap: its capacity three times, and zeros).
+    mapped_bytes: u64,
+    mapped_high: u64,
+    max_bytes: u64,
+    kernel_grows: u64,
+    kernel_grow_failures: u64,
 }
 
 /// Print the table (or JSON with the statistics after each workload).
@@ -79,6 +86,11 @@ pub fn print_rows(rows: &[Row], stats: &[(String, HeapStats)], json: bool) {
                 failed_allocations: s.failed_allocations,
                 invalid_frees: s.invalid_frees,
                 double_frees: s.double_frees,
+                mapped_bytes: s.mapped_bytes,
+                mapped_high: s.mapped_high,
+                max_bytes: s.max_bytes,
+                kernel_grows: s.kernel_grows,
+                kernel_grow_failures: s.kernel_grow_failures,
             })
             .collect();
         let doc = serde_json::json!({ "results": rows, "stats": stats });

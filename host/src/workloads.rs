@@ -26,15 +26,19 @@ pub enum Kind {
     Churn,
     /// Each thread grows an `alloc::vec::Vec` through toga's `GlobalAlloc`.
     Vec,
+    /// A growable heap of its own: starts at 8 MiB, grows inside the kernels under rounds of
+    /// increasing load (16–4096 B), trims back to 8 MiB once all is free (see `host grow`).
+    Growable,
 }
 
-const ALL: [Kind; 6] = [
+const ALL: [Kind; 7] = [
     Kind::Storm,
     Kind::Mixed,
     Kind::Streams,
     Kind::Oom,
     Kind::Churn,
     Kind::Vec,
+    Kind::Growable,
 ];
 const STORM_SIZES: [u32; 7] = [16, 64, 256, 1024, 4096, 16384, 65536];
 
@@ -91,6 +95,9 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
     }
     for kind in kinds {
         bar.set_message(format!("{kind:?}"));
+        // The statistics to show after the workload: those of the suite's heap, or of the
+        // heap the workload made for itself.
+        let mut own_stats = None;
         let mut new_rows = match kind {
             Kind::Storm => storm(&mut ctx)?,
             Kind::Mixed => vec![mixed(&mut ctx)?],
@@ -98,6 +105,11 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
             Kind::Oom => oom(&mut ctx)?,
             Kind::Churn => vec![churn(&mut ctx)?],
             Kind::Vec => vec![vec_growth(&mut ctx)?],
+            Kind::Growable => {
+                let (rows, s) = growable(&mut ctx)?;
+                own_stats = Some(s);
+                rows
+            }
         };
         // Every workload leaves the heap empty and uncorrupted.
         let s = ctx.heap.stats(&ctx.stream)?;
@@ -113,6 +125,7 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
             // Start the next workload from a clean heap.
             ctx.heap.reset(&ctx.stream)?;
         }
+        let s = own_stats.unwrap_or(s);
         if !cli.json {
             bar.suspend(|| {
                 new_rows.iter().for_each(print_row);
@@ -144,6 +157,18 @@ fn print_stats(kind: Kind, s: &HeapStats) {
         s.invalid_frees,
         s.double_frees
     );
+    if kind == Kind::Growable {
+        println!(
+            "  growable heap: mapped {} MiB (high {} MiB) of {} MiB, in-kernel growths {} ({} failed), host service grants {} (mean {:.1} µs to map)",
+            s.mapped_bytes >> 20,
+            s.mapped_high >> 20,
+            s.max_bytes >> 20,
+            s.kernel_grows,
+            s.kernel_grow_failures,
+            s.service_grants,
+            s.service_map_ns as f64 / 1e3
+        );
+    }
 }
 
 fn errors(stream: &Arc<CudaStream>) -> toga::Result<CudaSlice<u64>> {
@@ -337,6 +362,22 @@ fn churn(c: &mut Ctx) -> toga::Result<Row> {
             c.heap.capacity() >> 20
         ),
     ))
+}
+
+/// A growable heap of its own, next to the suite's: [`crate::growable`]. The suite's heap is
+/// left as it was (and bound to the module again, which the growable heap took over).
+fn growable(c: &mut Ctx) -> toga::Result<(Vec<Row>, HeapStats)> {
+    let max = crate::growable::default_max(c.gpu, None)?;
+    let outcome = crate::growable::run_workload(
+        c.gpu,
+        &c.stream,
+        crate::growable::DEFAULT_INITIAL,
+        max,
+        c.threads,
+        c.seed,
+    )?;
+    c.heap.bind(c.gpu.module(), &c.stream)?;
+    Ok((crate::growable::rows(&outcome), outcome.stats))
 }
 
 fn vec_growth(c: &mut Ctx) -> toga::Result<Row> {

@@ -135,3 +135,56 @@ fn heap_above_free_device_memory_is_refused() {
         "free device memory",
     );
 }
+
+#[test]
+fn grow_help_lists_its_flags() {
+    let o = host(&["grow", "--help"]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for word in ["--initial", "--max", "--threads", "8MiB"] {
+        assert!(out.contains(word), "grow --help lacks {word}");
+    }
+    let top = host(&["--help"]);
+    assert!(String::from_utf8_lossy(&top.stdout).contains("grow"));
+}
+
+#[test]
+fn unparsable_grow_sizes_are_refused() {
+    assert_clean_failure(
+        &host(&["grow", "--initial", "lots"]),
+        2,
+        "try 512MiB or 2GiB",
+    );
+    assert_clean_failure(&host(&["grow", "--max", "huge"]), 2, "--max <MAX>");
+}
+
+#[test]
+fn grow_initial_above_max_is_refused_or_no_driver() {
+    let o = host(&["grow", "--initial", "64MiB", "--max", "8MiB"]);
+    if has_gpu() {
+        assert_clean_failure(&o, 1, "the growable heap's maximum");
+    } else {
+        assert_clean_failure(&o, 2, "no CUDA");
+    }
+    assert_eq!(stderr(&o).lines().count(), 1, "one line: {}", stderr(&o));
+}
+
+#[test]
+fn grow_runs_and_verifies() {
+    if !has_gpu() {
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let o = host(&["grow"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "stdout: {out}\nstderr: {}",
+        stderr(&o)
+    );
+    for word in ["round 3", "trim", "after trim", "growths"] {
+        assert!(out.contains(word), "{word:?} missing from: {out}");
+    }
+    assert!(!out.contains('✗'), "{out}");
+}
