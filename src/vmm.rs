@@ -104,13 +104,15 @@ impl Vmm {
             mapped: 0,
             mapped_high: 0,
         };
-        // On error `vmm` drops and frees the reservation.
+        // On error `vmm` drops, unmaps and frees the reservation.
         vmm.meta_handle = vmm.map_one(va, meta_bytes)?;
         vmm.meta_bytes = meta_bytes;
+        vmm.allow(va, meta_bytes)?;
         Ok(vmm)
     }
 
-    /// Create `bytes` of device memory and map it read-write at `at`.
+    /// Create `bytes` of device memory and map it at `at` (not yet accessible: see
+    /// [`Vmm::allow`]).
     fn map_one(&self, at: u64, bytes: u64) -> Result<sys::CUmemGenericAllocationHandle> {
         let prop = device_prop(self.ordinal);
         let mut handle = 0;
@@ -123,20 +125,18 @@ impl Vmm {
             unsafe { sys::cuMemRelease(handle) };
             return Err(e);
         }
+        Ok(handle)
+    }
+
+    /// Let the device read and write `at..at+bytes`, all mapped: one call for a whole run of
+    /// granules (it costs about as much as a mapping).
+    fn allow(&self, at: u64, bytes: u64) -> Result<()> {
         let access = sys::CUmemAccessDesc {
-            location: prop.location,
+            location: device_prop(self.ordinal).location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range was just mapped.
-        if let Err(e) = check(unsafe { sys::cuMemSetAccess(at, bytes as usize, &access, 1) }) {
-            // SAFETY: as above.
-            unsafe {
-                sys::cuMemUnmap(at, bytes as usize);
-                sys::cuMemRelease(handle);
-            }
-            return Err(e);
-        }
-        Ok(handle)
+        // SAFETY: the range is mapped.
+        check(unsafe { sys::cuMemSetAccess(at, bytes as usize, &access, 1) })
     }
 
     /// The reservation's device address (the heap's base).
@@ -215,20 +215,26 @@ impl Vmm {
 
     /// Map granules `first..first+count`, all or none.
     fn map_run(&mut self, first: u64, count: u64) -> Result<()> {
+        let mut result = Ok(());
         for i in first..first + count {
             match self.map_one(self.data + i * self.granule, self.granule) {
                 Ok(h) => self.handles[i as usize] = Some(h),
                 Err(e) => {
-                    for j in first..i {
-                        self.unmap(j);
-                    }
-                    return Err(e);
+                    result = Err(e);
+                    break;
                 }
             }
             self.mapped += self.granule;
         }
+        let at = self.data + first * self.granule;
+        let result = result.and_then(|()| self.allow(at, count * self.granule));
+        if result.is_err() {
+            for i in first..first + count {
+                self.unmap(i);
+            }
+        }
         self.mapped_high = self.mapped_high.max(self.mapped);
-        Ok(())
+        result
     }
 
     /// Unmap granule `i` and give its memory back. The heap no longer holds it (taken out of
