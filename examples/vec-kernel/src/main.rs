@@ -27,8 +27,9 @@ fn run() -> toga::Result<bool> {
     // The user's module contains toga's allocator and its heap-init kernels.
     let gpu = Gpu::open_with(0, PTX, &GpuOptions::default())?;
     let stream = gpu.default_stream();
-    // Creating the heap binds it to the module, so `malloc` and `Vec` in the kernel use it.
-    let heap = Heap::new(&gpu, &stream, 256 << 20)?;
+    // Creating the heap binds it to the module, so `malloc` and `Vec` in the kernel use it. No
+    // size to guess: the heap maps memory as the kernel needs it (`docs/growable.md`).
+    let heap = Heap::growable().create(&gpu, &stream)?;
     let (n, len) = (1usize << 16, 100usize);
     let mut out = stream.alloc_zeros::<u64>(n)?;
     let f = gpu.function("grow_vectors")?;
@@ -47,10 +48,12 @@ fn run() -> toga::Result<bool> {
         .count();
     let stats = heap.stats(&stream)?;
     println!(
-        "{n} threads each grew a Vec to {len} elements: {wrong} wrong sums; heap: {} mallocs, {} frees, {} live blocks",
+        "{n} threads each grew a Vec to {len} elements: {wrong} wrong sums; heap: {} mallocs, {} frees, {} live blocks, {} MiB mapped at most ({} growths in the kernel)",
         stats.mallocs,
         stats.frees,
-        stats.live_blocks()
+        stats.live_blocks(),
+        stats.mapped_high >> 20,
+        stats.kernel_grows
     );
     Ok(wrong == 0 && stats.live_blocks() == 0)
 }
