@@ -267,6 +267,13 @@ impl Builder {
         if !built.exists() {
             return Err(BuildError::NoOutput(built));
         }
+        if in_build_script {
+            // Every source the PTX was built from, path dependencies (toga-kernels) included:
+            // the crate's own `src` alone would leave a stale PTX after a dependency changed.
+            for source in dep_info_sources(&built.with_extension("d")) {
+                println!("cargo::rerun-if-changed={}", source.display());
+            }
+        }
         let out_dir = env::var_os("OUT_DIR").map(PathBuf::from);
         let mut result = built.clone();
         if let Some(dir) = out_dir {
@@ -300,6 +307,38 @@ impl Builder {
             None => self.crate_dir.join("target").join("ptx-build"),
         }
     }
+}
+
+/// The sources in a dep-info file (`target: a.rs b.rs ...`, spaces in paths escaped with `\`);
+/// none when it cannot be read.
+fn dep_info_sources(path: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let Some(line) = text.lines().next() else {
+        return Vec::new();
+    };
+    let Some((_, deps)) = line.split_once(": ") else {
+        return Vec::new();
+    };
+    let mut sources = Vec::new();
+    let mut current = String::new();
+    let mut chars = deps.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => current.extend(chars.next()),
+            ' ' => {
+                if !current.is_empty() {
+                    sources.push(PathBuf::from(std::mem::take(&mut current)));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        sources.push(PathBuf::from(current));
+    }
+    sources
 }
 
 fn copy(from: &Path, to: &Path) -> Result<(), BuildError> {
@@ -379,3 +418,22 @@ fn rustc_host(rustc: &OsString) -> Result<String, BuildError> {
 
 pub mod budget;
 pub mod link;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dep_info_lists_every_source_with_escaped_spaces() {
+        let dir = std::env::temp_dir().join(format!("toga-builder-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.join("x.d");
+        std::fs::write(&d, "/t/x.ptx: /a/lib.rs /b/my\\ dir/m.rs /c/n.rs\n\n/a/lib.rs:\n").unwrap();
+        assert_eq!(
+            dep_info_sources(&d),
+            ["/a/lib.rs", "/b/my dir/m.rs", "/c/n.rs"].map(PathBuf::from)
+        );
+        assert!(dep_info_sources(&dir.join("missing.d")).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
