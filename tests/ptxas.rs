@@ -229,21 +229,35 @@ fn usage_table(arch: &str, usage: &[Usage]) -> String {
 
 #[test]
 fn ptx_has_no_system_scope_atomics_or_fences() {
+    // System scope belongs to the growth mailbox in mapped host memory, and only there: the
+    // functions that talk to the host (`Heap::grow_on_demand`, and `toga_heap_collect` with
+    // `collect_growth` inlined). Anywhere else it would be rustc's `core::sync::atomic`
+    // leaking in (docs/toolchain.md).
     let ptx = toga::KERNELS_PTX;
+    let mut function = "";
+    let mut mailbox_ops = 0;
     for (n, line) in ptx.lines().enumerate() {
         let l = line.trim();
+        if l.contains(".entry") || l.contains(".func") {
+            function = l;
+        }
         let is_memory_op = l.starts_with("atom")
             || l.starts_with("red")
             || l.starts_with("fence")
-            || l.starts_with("ld.acquire")
-            || l.starts_with("st.release");
-        assert!(
-            !(is_memory_op && l.contains(".sys")),
-            "line {}: system scope: {l}",
-            n + 1
-        );
+            || l.starts_with("ld.")
+            || l.starts_with("st.");
+        if is_memory_op && l.contains(".sys") {
+            let mailbox =
+                function.contains("grow_on_demand") || function.contains("toga_heap_collect");
+            assert!(mailbox, "line {}: system scope in {function}: {l}", n + 1);
+            mailbox_ops += 1;
+        }
         assert!(!l.starts_with("membar.sys"), "line {}: {l}", n + 1);
     }
+    assert!(
+        mailbox_ops > 0,
+        "the growth mailbox lost its system-scope accesses"
+    );
     assert!(
         ptx.contains(".gpu"),
         "no .gpu-scoped operation at all: is this the right PTX?"
