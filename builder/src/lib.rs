@@ -428,7 +428,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("toga-builder-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let d = dir.join("x.d");
-        std::fs::write(&d, "/t/x.ptx: /a/lib.rs /b/my\\ dir/m.rs /c/n.rs\n\n/a/lib.rs:\n").unwrap();
+        std::fs::write(
+            &d,
+            "/t/x.ptx: /a/lib.rs /b/my\\ dir/m.rs /c/n.rs\n\n/a/lib.rs:\n",
+        )
+        .unwrap();
         assert_eq!(
             dep_info_sources(&d),
             ["/a/lib.rs", "/b/my dir/m.rs", "/c/n.rs"].map(PathBuf::from)
