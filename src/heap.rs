@@ -476,7 +476,17 @@ impl Heap {
                 why: "the growable heap's maximum",
             });
         }
-        let (offset, len) = vmm.grow(bytes, 0)?;
+        let (offset, len) = vmm.grow(bytes, 0).map_err(|e| match e {
+            Error::Driver(d) if d.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let free = cudarc::driver::result::mem_get_info().map_or(0, |m| m.0 as u64);
+                Error::HeapTooLarge {
+                    requested: mapped + bytes,
+                    limit: mapped + free,
+                    why: "free device memory",
+                }
+            }
+            e => e,
+        })?;
         // SAFETY: the range was just mapped and is not in the heap.
         unsafe {
             stream

@@ -188,17 +188,27 @@ impl Vmm {
         let want = step.div_ceil(self.granule).max(need).next_power_of_two();
         let total = self.handles.len() as u64;
         let mut count = want.min(total.next_power_of_two());
+        // A smaller run is tried when the device has no memory for a larger one.
+        let mut failed = None;
         while count >= need {
             let mut first = 0;
             while first + count <= total {
                 let range = first as usize..(first + count) as usize;
                 if self.handles[range].iter().all(Option::is_none) {
-                    self.map_run(first, count)?;
-                    return Ok((first * self.granule, count * self.granule));
+                    match self.map_run(first, count) {
+                        Ok(()) => return Ok((first * self.granule, count * self.granule)),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
                 }
                 first += count;
             }
             count /= 2;
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         Err(Error::HeapTooLarge {
             requested: self.mapped + need * self.granule,

@@ -322,3 +322,45 @@ fn bad_growable_sizes_are_clear_errors() {
         tiny.err()
     );
 }
+
+#[test]
+fn in_kernel_growth_and_grow_stop_cleanly_when_the_device_is_out_of_memory() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.default_stream();
+    let heap = Heap::growable()
+        .initial_bytes(4 * MIB)
+        .max_bytes(16 << 30)
+        .create(&gpu, &stream)
+        .unwrap();
+    // Take all but 64 MiB of the device's free memory.
+    let free = gpu.free_memory().unwrap();
+    let hog = stream
+        .alloc_zeros::<u8>((free - 64 * MIB) as usize)
+        .unwrap();
+    let mapped = heap.stats(&stream).unwrap().mapped_bytes;
+    match heap.grow(&stream, 1 << 30) {
+        Err(Error::HeapTooLarge { why, limit, .. }) => {
+            assert_eq!(why, "free device memory");
+            assert!(limit < mapped + (1 << 30));
+        }
+        other => panic!("growing past the device's memory gave {other:?}"),
+    }
+    assert_eq!(heap.stats(&stream).unwrap().mapped_bytes, mapped);
+    // A kernel that wants 256 MiB gets what the device can still map, then nulls, counted.
+    let sizes = vec![256u32; 1 << 20];
+    let (ptrs, d_sizes, host) = fill_and_check(&gpu, &stream, &heap, &sizes, 8);
+    let s = heap.stats(&stream).unwrap();
+    let served = host.iter().filter(|&&p| p != 0).count() as u64;
+    assert!(served > 0 && served < sizes.len() as u64, "{s:?}");
+    assert_eq!(s.mallocs, served);
+    assert_eq!(s.failed_allocations, sizes.len() as u64 - served);
+    assert!(s.kernel_grow_failures >= 1, "{s:?}");
+    assert!(s.mapped_bytes < 256 * MIB, "{s:?}");
+    free_all(&gpu, &stream, &heap, &ptrs, &d_sizes, 8);
+    drop(hog);
+    // With memory back, growing works again (and lets kernels ask again).
+    heap.grow(&stream, 64 * MIB).unwrap();
+    let (ptrs, d_sizes, host) = fill_and_check(&gpu, &stream, &heap, &sizes, 9);
+    assert!(host.iter().all(|&p| p != 0));
+    free_all(&gpu, &stream, &heap, &ptrs, &d_sizes, 9);
+}
