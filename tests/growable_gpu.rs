@@ -357,7 +357,10 @@ fn in_kernel_growth_and_grow_stop_cleanly_when_the_device_is_out_of_memory() {
     assert!(s.kernel_grow_failures >= 1, "{s:?}");
     assert!(s.mapped_bytes < 256 * MIB, "{s:?}");
     free_all(&gpu, &stream, &heap, &ptrs, &d_sizes, 8);
+    // cudarc frees in stream order, into the stream's pool, which gives the memory back to the
+    // device at the next synchronization.
     drop(hog);
+    stream.synchronize().unwrap();
     // With memory back, growing works again (and lets kernels ask again).
     heap.grow(&stream, 64 * MIB).unwrap();
     let (ptrs, d_sizes, host) = fill_and_check(&gpu, &stream, &heap, &sizes, 9);
