@@ -102,11 +102,12 @@ pub fn run_workload(
     max: u64,
     threads: u64,
     seed: u32,
+    host_growth: bool,
 ) -> toga::Result<Outcome> {
     let heap = Heap::growable()
         .initial_bytes(initial)
         .max_bytes(max)
-        .grow_in_kernel(true)
+        .grow_in_kernel(!host_growth)
         .create(gpu, stream)?;
     let w = Workloads::new(gpu)?;
     let start = heap.stats(stream)?;
@@ -122,14 +123,19 @@ pub fn run_workload(
     for (i, &(n, capped)) in plan[..3].iter().enumerate() {
         let label = format!("round {}", i + 1);
         let tag = 0x6000 + i as u32;
+        let sizes = &all[..n as usize];
+        if host_growth {
+            grow_for(stream, &heap, sizes)?;
+        }
         rounds.push(round(
             &w,
             stream,
             &heap,
-            &all[..n as usize],
+            sizes,
             tag,
             label,
             capped,
+            host_growth,
         )?);
         if i < 2 {
             // UAlloc's emptied bins and chunks go back to the buddy tree (they stay mapped),
@@ -142,7 +148,11 @@ pub fn run_workload(
         let t = trim_back(stream, &heap, threshold)?;
         let (n, capped) = plan[3];
         let label = "after trim".to_string();
-        let r = round(&w, stream, &heap, &all[..n as usize], 0x6100, label, capped)?;
+        let sizes = &all[..n as usize];
+        if host_growth {
+            grow_for(stream, &heap, sizes)?;
+        }
+        let r = round(&w, stream, &heap, sizes, 0x6100, label, capped, host_growth)?;
         trim = Some((t, r));
     }
     let stats = heap.stats(stream)?;
@@ -170,10 +180,21 @@ fn plan(sizes: &[u32], threads: u64, budget: u64) -> [(u64, bool); 4] {
     })
 }
 
+/// Host growth: map twice what the round asks (room for partly used bins), within the maximum.
+fn grow_for(stream: &Arc<CudaStream>, heap: &Heap, sizes: &[u32]) -> toga::Result<()> {
+    let s = heap.stats(stream)?;
+    let want = (2 * asked(sizes)).min(s.max_bytes);
+    if heap.is_growable() && want > s.mapped_bytes {
+        heap.grow(stream, want - s.mapped_bytes)?;
+    }
+    Ok(())
+}
+
 fn asked(sizes: &[u32]) -> u64 {
     sizes.iter().map(|&s| block_bytes(s)).sum()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn round(
     w: &Workloads,
     stream: &Arc<CudaStream>,
@@ -182,6 +203,7 @@ fn round(
     tag: u32,
     label: String,
     capped: bool,
+    host_growth: bool,
 ) -> toga::Result<Round> {
     let n = sizes.len() as u64;
     let asked = asked(sizes);
@@ -256,7 +278,7 @@ fn round(
     );
     // More than was mapped can only have come from growth inside the kernel: nothing else
     // maps memory between the two statistics.
-    if heap.is_growable() && asked > before.mapped_bytes {
+    if heap.is_growable() && !host_growth && asked > before.mapped_bytes {
         expect(
             grows > 0,
             format!(
@@ -413,7 +435,15 @@ fn trim_row(t: &Trim) -> Row {
 pub fn run(gpu: &Gpu, cli: &Cli, initial: u64, max: Option<u64>) -> toga::Result<bool> {
     let stream = gpu.default_stream();
     let max = default_max(gpu, max)?;
-    let o = run_workload(gpu, &stream, initial, max, cli.threads, cli.seed)?;
+    let o = run_workload(
+        gpu,
+        &stream,
+        initial,
+        max,
+        cli.threads,
+        cli.seed,
+        cli.host_growth,
+    )?;
     if cli.json {
         print_rows(
             &rows(&o),

@@ -50,6 +50,11 @@ struct Cli {
     /// Run only this workload (see `stress --help` for the names).
     #[arg(long, value_enum, global = true)]
     workload: Option<workloads::Kind>,
+    /// Growable heap workload: grow the heap from the host before each round instead of from
+    /// inside the kernels. For compute-sanitizer memcheck, which does not see memory mapped
+    /// while a kernel runs (docs/growable.md).
+    #[arg(long, global = true)]
+    host_growth: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }

@@ -49,6 +49,7 @@ struct Ctx<'a> {
     w: Workloads,
     threads: u64,
     seed: u32,
+    host_growth: bool,
 }
 
 /// Run the suite; `Ok(true)` when every row verified.
@@ -62,6 +63,7 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
         w: Workloads::new(gpu)?,
         threads: cli.threads,
         seed: cli.seed,
+        host_growth: cli.host_growth,
     };
     let kinds: Vec<Kind> = match cli.workload {
         Some(k) => vec![k],
@@ -375,6 +377,7 @@ fn growable(c: &mut Ctx) -> toga::Result<(Vec<Row>, HeapStats)> {
         max,
         c.threads,
         c.seed,
+        c.host_growth,
     )?;
     c.heap.bind(c.gpu.module(), &c.stream)?;
     Ok((crate::growable::rows(&outcome), outcome.stats))
