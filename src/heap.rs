@@ -458,17 +458,18 @@ impl Heap {
         Ok(())
     }
 
-    /// Map at least `bytes` more memory into a growable heap and hand it to the allocator, in
-    /// order on `stream` (the mapping itself happens now). The growth is a power-of-two number
-    /// of granules. Returns the mapped bytes after it. Past the maximum, or past the device's
-    /// memory, it fails and the heap is unchanged.
+    /// Map `bytes` more memory (rounded up to whole granules) into a growable heap and hand it
+    /// to the allocator, in order on `stream` (the mapping itself happens now). The granules go
+    /// in as aligned power-of-two runs, each of which the buddy tree merges into one block.
+    /// Returns the mapped bytes after it. Past the maximum, or past the device's memory, it
+    /// fails and the heap is unchanged.
     pub fn grow(&self, stream: &Arc<CudaStream>, bytes: u64) -> Result<u64> {
         let Backing::Growable(g) = &self.backing else {
             return Err(Error::NotGrowable);
         };
         stream.context().bind_to_thread()?;
         let mut vmm = g.vmm.lock().unwrap();
-        let (mapped, max) = (vmm.mapped().0, vmm.max_bytes());
+        let (mapped, max, granule) = (vmm.mapped().0, vmm.max_bytes(), vmm.granule());
         if bytes > max - mapped {
             return Err(Error::HeapTooLarge {
                 requested: mapped + bytes,
@@ -476,25 +477,53 @@ impl Heap {
                 why: "the growable heap's maximum",
             });
         }
-        let (offset, len) = vmm.grow(bytes, 0).map_err(|e| match e {
-            Error::Driver(d) if d.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                let free = cudarc::driver::result::mem_get_info().map_or(0, |m| m.0 as u64);
-                Error::HeapTooLarge {
-                    requested: mapped + bytes,
-                    limit: mapped + free,
-                    why: "free device memory",
+        // Map every run first, so that a failure can take them all back.
+        let mut left = bytes.div_ceil(granule);
+        let mut runs = Vec::new();
+        while left > 0 {
+            let mut piece = 1u64 << (63 - left.leading_zeros());
+            let run = loop {
+                match vmm.grow(piece * granule, 0) {
+                    Ok(run) => break Ok(run),
+                    // No aligned free range that large: smaller pieces.
+                    Err(Error::HeapTooLarge { .. }) if piece > 1 => piece /= 2,
+                    Err(e) => break Err(e),
+                }
+            };
+            match run {
+                Ok(run) => {
+                    runs.push(run);
+                    left -= piece;
+                }
+                Err(e) => {
+                    for &(offset, len) in &runs {
+                        vmm.unmap_range(offset, len);
+                    }
+                    return Err(match e {
+                        Error::Driver(d) if d.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                            let free =
+                                cudarc::driver::result::mem_get_info().map_or(0, |m| m.0 as u64);
+                            Error::HeapTooLarge {
+                                requested: mapped + bytes,
+                                limit: mapped + free,
+                                why: "free device memory",
+                            }
+                        }
+                        e => e,
+                    });
                 }
             }
-            e => e,
-        })?;
-        // SAFETY: the range was just mapped and is not in the heap.
-        unsafe {
-            stream
-                .launch_builder(&g.add_range)
-                .arg(&self.base)
-                .arg(&offset)
-                .arg(&len)
-                .launch(crate::launch_config(1))?;
+        }
+        for (offset, len) in runs {
+            // SAFETY: the range was just mapped and is not in the heap.
+            unsafe {
+                stream
+                    .launch_builder(&g.add_range)
+                    .arg(&self.base)
+                    .arg(&offset)
+                    .arg(&len)
+                    .launch(crate::launch_config(1))?;
+            }
         }
         // Memory may be there again for a kernel that was turned away.
         self.clear_denied(stream)?;

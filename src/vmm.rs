@@ -247,6 +247,14 @@ impl Vmm {
         result
     }
 
+    /// Unmap the granules of `len` bytes at data offset `offset` (a run from [`Vmm::grow`]
+    /// that never reached the heap).
+    pub(crate) fn unmap_range(&mut self, offset: u64, len: u64) {
+        for i in offset / self.granule..(offset + len) / self.granule {
+            self.unmap(i);
+        }
+    }
+
     /// Unmap granule `i` and give its memory back. The heap no longer holds it (taken out of
     /// the tree by `toga_heap_take_granules`).
     pub(crate) fn unmap(&mut self, i: u64) {
