@@ -287,9 +287,20 @@ impl Heap {
         })?;
         let geometry =
             Geometry::new(base, total, b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
+        Self::start(gpu, stream, Backing::Pool(pool), geometry)
+    }
+
+    /// The heap over `backing` laid out by `geometry`: initialized and bound to `gpu`'s module,
+    /// in order on `stream`.
+    fn start(
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        backing: Backing,
+        geometry: Geometry,
+    ) -> Result<Self> {
         let mut heap = Self {
-            backing: Backing::Pool(pool),
-            base,
+            backing,
+            base: geometry.base,
             geometry,
             stream: stream.clone(),
             init_nodes: gpu.function("toga_heap_init_nodes")?,
@@ -348,29 +359,18 @@ impl Heap {
                 counts.clone(),
             )
         });
-        let mut heap = Self {
-            backing: Backing::Growable(Growable {
-                service,
-                vmm,
-                mailbox,
-                counts,
-                release_threshold: b.release_threshold.unwrap_or(initial),
-                init_finish: gpu.function("toga_heap_init_growable_finish")?,
-                add_range: gpu.function("toga_heap_add_range")?,
-                take_granules: gpu.function("toga_heap_take_granules")?,
-                collect: gpu.function("toga_heap_collect")?,
-            }),
-            base: geometry.base,
-            geometry,
-            stream: stream.clone(),
-            init_nodes: gpu.function("toga_heap_init_nodes")?,
-            init_finish: gpu.function("toga_heap_init_finish")?,
-            trim: gpu.function("toga_trim")?,
-            header_image: Vec::new(),
-        };
-        heap.reset(stream)?;
-        heap.bind(gpu.module(), stream)?;
-        Ok(heap)
+        let backing = Backing::Growable(Growable {
+            service,
+            vmm,
+            mailbox,
+            counts,
+            release_threshold: b.release_threshold.unwrap_or(initial),
+            init_finish: gpu.function("toga_heap_init_growable_finish")?,
+            add_range: gpu.function("toga_heap_add_range")?,
+            take_granules: gpu.function("toga_heap_take_granules")?,
+            collect: gpu.function("toga_heap_collect")?,
+        });
+        Self::start(gpu, stream, backing, geometry)
     }
 
     /// Whether the heap grows on demand (false for a fixed heap, and for a growable one that

@@ -148,3 +148,29 @@ pub fn shfl_down_u32(mask: u32, value: u32, _delta: u32) -> u32 {
 pub fn sync_warp(mask: u32) {
     debug_assert_eq!(mask, 1);
 }
+
+/// Load a word of memory another agent (the host's growth service) writes. `core` atomics in
+/// both CPU backends: the mailbox lies outside what loom models.
+///
+/// # Safety
+/// `p` is a valid, 8-aligned address that is only accessed atomically.
+pub unsafe fn load_sys(p: *const u64) -> u64 {
+    // SAFETY: caller's contract.
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(p as *mut u64) }
+        .load(core::sync::atomic::Ordering::SeqCst)
+}
+
+/// Store a word of memory another agent reads.
+///
+/// # Safety
+/// As for [`load_sys`].
+pub unsafe fn store_sys(p: *mut u64, v: u64) {
+    // SAFETY: caller's contract.
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(p) }
+        .store(v, core::sync::atomic::Ordering::SeqCst)
+}
+
+/// A full fence, as on the device at system scope.
+pub fn fence_sys() {
+    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst)
+}

@@ -39,26 +39,3 @@ pub fn global_timer_ns() -> u64 {
 pub fn spread_seed() -> u32 {
     0
 }
-
-/// Load a word of memory another agent (the host's growth service) writes.
-///
-/// # Safety
-/// `p` is a valid, 8-aligned address that is only accessed atomically.
-pub unsafe fn load_sys(p: *const u64) -> u64 {
-    // SAFETY: caller's contract.
-    unsafe { core::sync::atomic::AtomicU64::from_ptr(p as *mut u64) }.load(SeqCst)
-}
-
-/// Store a word of memory another agent reads.
-///
-/// # Safety
-/// As for [`load_sys`].
-pub unsafe fn store_sys(p: *mut u64, v: u64) {
-    // SAFETY: caller's contract.
-    unsafe { core::sync::atomic::AtomicU64::from_ptr(p) }.store(v, SeqCst)
-}
-
-/// A full fence, as on the device at system scope.
-pub fn fence_sys() {
-    core::sync::atomic::fence(SeqCst)
-}
