@@ -241,12 +241,9 @@ impl Heap {
                 });
             }
             if vmm::supported(gpu.context()) {
-                return Self::create_growable(gpu, stream, b, grow, arenas);
+                return Self::create_growable(gpu, stream, b, grow.in_kernel, max, arenas);
             }
-            let max = grow
-                .max
-                .unwrap_or(default_max(gpu))
-                .min(gpu.free_memory()? / 2);
+            let max = max.min(gpu.free_memory()? / 2);
             eprintln!(
                 "toga: no CUDA virtual memory management on this device; using a fixed heap of {max} B"
             );
@@ -317,7 +314,8 @@ impl Heap {
         gpu: &Gpu,
         stream: &Arc<CudaStream>,
         b: HeapBuilder,
-        grow: GrowOptions,
+        in_kernel: bool,
+        max: u64,
         arenas: u64,
     ) -> Result<Self> {
         gpu.context().bind_to_thread()?;
@@ -326,7 +324,6 @@ impl Heap {
             .max(MIN_GRANULE)
             .next_power_of_two();
         let shift = granule.trailing_zeros();
-        let max = grow.max.unwrap_or(default_max(gpu));
         if max > MAX_HEAP_BYTES {
             return Err(geometry_error(
                 GeometryError::TooLarge {
@@ -335,7 +332,7 @@ impl Heap {
                 max,
             ));
         }
-        let mailbox = if grow.in_kernel {
+        let mailbox = if in_kernel {
             Some(Arc::new(MailboxMemory::new()?))
         } else {
             None
@@ -420,22 +417,9 @@ impl Heap {
                 .launch(crate::launch_config(threads))?;
         }
         let Backing::Growable(g) = &self.backing else {
-            // SAFETY: as above.
-            unsafe {
-                stream
-                    .launch_builder(&self.init_finish)
-                    .arg(&self.base)
-                    .launch(crate::launch_config(1))?;
-            }
-            return Ok(());
+            return self.launch_on_heap(stream, &self.init_finish);
         };
-        // SAFETY: as above.
-        unsafe {
-            stream
-                .launch_builder(&g.init_finish)
-                .arg(&self.base)
-                .launch(crate::launch_config(1))?;
-        }
+        self.launch_on_heap(stream, &g.init_finish)?;
         // Under the lock, so that the growth service's replies are either in this snapshot
         // (and marked taken in) or come after it.
         let vmm = g.vmm.lock().unwrap();
@@ -444,16 +428,42 @@ impl Heap {
             m.write(|m| unsafe { &raw mut (*m).consumed_seq }, answered);
         }
         for (first, count) in vmm.mapped_runs() {
-            let (offset, bytes) = (first * vmm.granule(), count * vmm.granule());
-            // SAFETY: the run is mapped and not in the freshly initialized tree.
-            unsafe {
-                stream
-                    .launch_builder(&g.add_range)
-                    .arg(&self.base)
-                    .arg(&offset)
-                    .arg(&bytes)
-                    .launch(crate::launch_config(1))?;
-            }
+            // The run is mapped and not in the freshly initialized tree.
+            self.add_range(stream, g, first * vmm.granule(), count * vmm.granule())?;
+        }
+        Ok(())
+    }
+
+    /// Launch `f(base)` on one thread, in order on `stream` (init, trim, collect, bind).
+    fn launch_on_heap(&self, stream: &Arc<CudaStream>, f: &CudaFunction) -> Result<()> {
+        // SAFETY: toga's one-thread heap kernels take only the heap's base; the heap outlives
+        // the launch (ordering rule).
+        unsafe {
+            stream
+                .launch_builder(f)
+                .arg(&self.base)
+                .launch(crate::launch_config(1))?;
+        }
+        Ok(())
+    }
+
+    /// Hand `len` bytes of mapped memory at data offset `offset`, not yet in the heap, to the
+    /// allocator (`toga_heap_add_range`), in order on `stream`.
+    fn add_range(
+        &self,
+        stream: &Arc<CudaStream>,
+        g: &Growable,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        // SAFETY: the kernel takes the base and a range the caller vouches for.
+        unsafe {
+            stream
+                .launch_builder(&g.add_range)
+                .arg(&self.base)
+                .arg(&offset)
+                .arg(&len)
+                .launch(crate::launch_config(1))?;
         }
         Ok(())
     }
@@ -515,15 +525,8 @@ impl Heap {
             }
         }
         for (offset, len) in runs {
-            // SAFETY: the range was just mapped and is not in the heap.
-            unsafe {
-                stream
-                    .launch_builder(&g.add_range)
-                    .arg(&self.base)
-                    .arg(&offset)
-                    .arg(&len)
-                    .launch(crate::launch_config(1))?;
-            }
+            // Just mapped, not in the heap.
+            self.add_range(stream, g, offset, len)?;
         }
         // Memory may be there again for a kernel that was turned away.
         self.clear_denied(stream)?;
@@ -539,13 +542,12 @@ impl Heap {
             return Ok(0);
         };
         stream.context().bind_to_thread()?;
-        self.collect(stream)?;
-        let granule = g.vmm.lock().unwrap().granule();
-        let mapped = g.vmm.lock().unwrap().mapped().0;
-        if mapped <= keep_bytes {
-            return Ok(0);
-        }
-        let want = (mapped - keep_bytes) / granule;
+        self.launch_on_heap(stream, &g.collect)?;
+        let (granule, mapped) = {
+            let vmm = g.vmm.lock().unwrap();
+            (vmm.granule(), vmm.mapped().0)
+        };
+        let want = mapped.saturating_sub(keep_bytes) / granule;
         if want == 0 {
             return Ok(0);
         }
@@ -561,9 +563,9 @@ impl Heap {
                 .arg(&mut count)
                 .launch(crate::launch_config(1))?;
         }
+        // The copies wait for the kernel: the granules are out of the heap before they go.
         let n = stream.clone_dtoh(&count)?[0] as usize;
         let offsets = stream.clone_dtoh(&out)?;
-        stream.synchronize()?;
         let mut vmm = g.vmm.lock().unwrap();
         for &offset in &offsets[..n] {
             vmm.unmap(offset / granule);
@@ -595,20 +597,6 @@ impl Heap {
         Ok(())
     }
 
-    /// Take in a growth the host service granted after its asker had given up.
-    fn collect(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        if let Backing::Growable(g) = &self.backing {
-            // SAFETY: the heap outlives the launch.
-            unsafe {
-                stream
-                    .launch_builder(&g.collect)
-                    .arg(&self.base)
-                    .launch(crate::launch_config(1))?;
-            }
-        }
-        Ok(())
-    }
-
     /// Let kernels ask for growth again after the heap was found at its maximum.
     fn clear_denied(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let at = self.base + offset_of!(HeapHeader, grow_denied) as u64;
@@ -623,14 +611,7 @@ impl Heap {
     /// blocks, before reading `reserved` bytes, or before asking for one very large block.
     /// Safe while other kernels use the heap.
     pub fn trim(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        // SAFETY: `toga_trim` takes the heap's base; the heap outlives the launch (ordering rule).
-        unsafe {
-            stream
-                .launch_builder(&self.trim)
-                .arg(&self.base)
-                .launch(crate::launch_config(1))?;
-        }
-        Ok(())
+        self.launch_on_heap(stream, &self.trim)
     }
 
     /// The heap's device address, the `base` argument of toga's kernels.
@@ -652,15 +633,7 @@ impl Heap {
     /// `module`, enqueued on `stream`. [`Heap::new`] binds the heap to the module of the `Gpu`
     /// it was created with; call this for other modules, or to switch between heaps.
     pub fn bind(&self, module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<()> {
-        let f = module.load_function("toga_bind_heap")?;
-        // SAFETY: the heap outlives kernels that use it (documented ordering rule).
-        unsafe {
-            stream
-                .launch_builder(&f)
-                .arg(&self.base)
-                .launch(crate::launch_config(1))?;
-        }
-        Ok(())
+        self.launch_on_heap(stream, &module.load_function("toga_bind_heap")?)
     }
 
     /// Read the statistics with one device-to-host copy, ordered on `stream` (synchronizes it).

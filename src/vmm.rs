@@ -322,18 +322,14 @@ impl MailboxMemory {
         self.device
     }
 
-    fn word(&self, f: impl Fn(*mut Mailbox) -> *mut u64) -> *mut u64 {
-        f(self.host)
-    }
-
     pub(crate) fn read(&self, f: impl Fn(*mut Mailbox) -> *mut u64) -> u64 {
         // SAFETY: one aligned word of our pinned memory, written by the device at system scope.
-        unsafe { std::ptr::read_volatile(self.word(f)) }
+        unsafe { std::ptr::read_volatile(f(self.host)) }
     }
 
     pub(crate) fn write(&self, f: impl Fn(*mut Mailbox) -> *mut u64, v: u64) {
         // SAFETY: as for `read`.
-        unsafe { std::ptr::write_volatile(self.word(f), v) }
+        unsafe { std::ptr::write_volatile(f(self.host), v) }
     }
 }
 
