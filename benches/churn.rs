@@ -12,7 +12,7 @@
 mod common;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use toga::workload::{Allocator, ChurnBench};
+use toga_harness::{Allocator, ChurnBench};
 
 const SCENARIO: &str = "f_churn";
 /// Threads per kernel.

@@ -9,7 +9,7 @@ mod common;
 use std::io::Write;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use toga::workload::{Allocator, HeapState, MallocBench};
+use toga_harness::{Allocator, HeapState, MallocBench};
 
 const POOL_MAX: u64 = 512 << 20;
 const SIZES: [u32; 13] = [

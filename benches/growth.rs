@@ -38,8 +38,8 @@ use std::time::Instant;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use cudarc::driver::CudaStream;
-use toga::workload::{Allocator, HeapState, MallocBench, block_bytes};
 use toga::{Gpu, Heap, HeapStats};
+use toga_harness::{Allocator, HeapState, MallocBench, block_bytes};
 
 const SCENARIO: &str = "h_growth";
 const MIB: u64 = 1 << 20;

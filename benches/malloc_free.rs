@@ -3,7 +3,7 @@
 mod common;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use toga::workload::MallocBench;
+use toga_harness::MallocBench;
 
 fn malloc_free(c: &mut Criterion) {
     let Some(gpu) = common::gpu(common::THREADS, 16) else {

@@ -6,7 +6,7 @@
 mod common;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use toga::workload::{Allocator, MallocBench, uniform_sizes};
+use toga_harness::{Allocator, MallocBench, uniform_sizes};
 
 /// The sizes' range, in bytes (inclusive), and the seed of their list.
 const MIN: u32 = 16;

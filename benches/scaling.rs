@@ -4,7 +4,7 @@
 mod common;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use toga::workload::{Allocator, HeapState, MallocBench};
+use toga_harness::{Allocator, HeapState, MallocBench};
 
 fn scaling(c: &mut Criterion) {
     let Some(gpu) = common::gpu(common::THREADS, 1024) else {

@@ -17,7 +17,7 @@ mod common;
 use std::time::Instant;
 
 use toga::Heap;
-use toga::workload::{Workloads, block_bytes, uniform_sizes};
+use toga_harness::{Workloads, block_bytes, uniform_sizes};
 
 const SCENARIO: &str = "u_utilization";
 /// Fill rounds per (heap, sizes) cell, on the same heap.
@@ -136,7 +136,7 @@ fn cell(
     let (mut percent, mut requested, mut fill_ms) = (Vec::new(), Vec::new(), 0f32);
     for round in 0..ROUNDS {
         let tag = round as u32;
-        let ms = toga::workload::time_ms(stream, || {
+        let ms = toga_harness::time_ms(stream, || {
             w.alloc_fill(stream, &heap, &mut ptrs, &d_sizes, tag)
         })
         .expect("fill kernel");

@@ -8,7 +8,7 @@
 mod common;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use toga::workload::{Allocator, HeapState, MallocBench};
+use toga_harness::{Allocator, HeapState, MallocBench};
 
 const SCENARIO: &str = "g_warm_launch";
 /// Threads per launch: four 256-thread blocks, far fewer than the SMs.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs inside a bundle made by scripts/bundle, on a machine with an NVIDIA GPU and driver.
-#   ./run.sh tests      every GPU test binary (single-threaded, so tests do not share the GPU)
+#   ./run.sh tests      every GPU test binary (single-threaded, so tests do not share the GPU;
+#                       --include-ignored, since GPU tests are ignored by default)
 #   ./run.sh sanitize   the same under compute-sanitizer memcheck and racecheck
 #   ./run.sh host [ARGS] the stress harness
 #   ./run.sh bench [ARGS] every criterion bench binary
@@ -19,7 +20,7 @@ run_tests() { # $1: prefix command (may be empty), $2: log suffix, $3...: extra 
   for t in "$here"/tests/*; do
     name=$(basename "$t")
     echo "== $name $suffix"
-    if ! $prefix "$t" --test-threads=1 --nocapture "$@" 2>&1 | tee "$logs/$name$suffix.log"; then status=1; fi
+    if ! $prefix "$t" --test-threads=1 --include-ignored --nocapture "$@" 2>&1 | tee "$logs/$name$suffix.log"; then status=1; fi
   done
 }
 

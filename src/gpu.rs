@@ -23,14 +23,6 @@ pub struct DeviceInfo {
     pub driver_version: i32,
 }
 
-/// Options for [`Gpu::open_with`].
-#[derive(Clone, Debug, Default)]
-pub struct GpuOptions {
-    /// Raise CUDA's own device-malloc heap (`cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`) to this many
-    /// bytes before the module loads. Only the CUDA-malloc baseline kernels need it.
-    pub cuda_malloc_heap: Option<usize>,
-}
-
 /// A context on one device with a PTX module loaded (toga's own, or a user's kernel crate).
 pub struct Gpu {
     ctx: Arc<CudaContext>,
@@ -51,14 +43,15 @@ pub fn device_count() -> Result<usize> {
 }
 
 impl Gpu {
-    /// Open device `ordinal` and load toga's kernels.
+    /// Open device `ordinal` and load toga's kernels ([`crate::KERNELS_PTX`]: the allocator and
+    /// the kernels that manage heaps).
     pub fn open(ordinal: usize) -> Result<Self> {
-        Self::open_with(ordinal, &crate::kernels_ptx()?, &GpuOptions::default())
+        Self::open_with(ordinal, crate::KERNELS_PTX)
     }
 
-    /// Open device `ordinal` and load `ptx` (for example a user kernel crate built with
-    /// `toga_builder::Builder`, which contains toga's allocator too).
-    pub fn open_with(ordinal: usize, ptx: &str, options: &GpuOptions) -> Result<Self> {
+    /// Open device `ordinal` and load `ptx`: a user's kernel crate built with
+    /// `toga_builder::Builder`, which links toga's allocator in.
+    pub fn open_with(ordinal: usize, ptx: &str) -> Result<Self> {
         let count = device_count()?;
         if count == 0 {
             return Err(Error::NoDevice("the driver reports 0 devices".into()));
@@ -66,10 +59,12 @@ impl Gpu {
         if ordinal >= count {
             return Err(Error::DeviceOutOfRange { ordinal, count });
         }
-        let ctx = CudaContext::new(ordinal)?;
-        if let Some(bytes) = options.cuda_malloc_heap {
-            ctx.set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes)?;
-        }
+        Self::with_context(CudaContext::new(ordinal)?, ptx)
+    }
+
+    /// Load `ptx` into a context the caller already has (for example one whose limits it set
+    /// before any module loaded). toga's heaps and kernels then share that context.
+    pub fn with_context(ctx: Arc<CudaContext>, ptx: &str) -> Result<Self> {
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let attr = |a| ctx.attribute(a);
         use sys::CUdevice_attribute as A;
@@ -79,7 +74,7 @@ impl Gpu {
             .max(sm_count);
         let (free, total) = ctx.mem_get_info()?;
         let info = DeviceInfo {
-            ordinal,
+            ordinal: ctx.ordinal(),
             name: ctx.name()?,
             sm_count,
             sm_id_bound,

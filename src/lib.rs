@@ -9,27 +9,14 @@ pub mod error;
 pub mod gpu;
 pub mod heap;
 mod vmm;
-pub mod workload;
 
 pub use error::{Error, Result};
-pub use gpu::{DeviceInfo, Gpu, GpuOptions, device_count};
+pub use gpu::{DeviceInfo, Gpu, device_count};
 pub use heap::{Heap, HeapBuilder, HeapStats};
 
 /// The PTX of `kernels/`, for `sm_70` unless `TOGA_PTX_ARCH` said otherwise at build time.
 /// A readable copy is written to `target/ptx/toga_kernels.ptx`.
 pub const KERNELS_PTX: &str = include_str!(env!("TOGA_KERNELS_PTX"));
-
-/// The PTX toga loads: the file named by the environment variable `TOGA_PTX_FILE` when it is
-/// set (to compare builds of `kernels/` on one GPU without rebuilding the host programs),
-/// otherwise [`KERNELS_PTX`].
-pub fn kernels_ptx() -> Result<std::borrow::Cow<'static, str>> {
-    match std::env::var_os("TOGA_PTX_FILE") {
-        Some(path) => std::fs::read_to_string(&path)
-            .map(Into::into)
-            .map_err(|e| Error::PtxFile(format!("{}: {e}", path.to_string_lossy()))),
-        None => Ok(KERNELS_PTX.into()),
-    }
-}
 
 /// Threads per block for toga's own launches.
 pub const BLOCK_SIZE: u32 = 256;

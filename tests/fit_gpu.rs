@@ -18,8 +18,8 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
-use toga::workload::{Workloads, uniform_sizes};
 use toga::{Gpu, Heap};
+use toga_harness::{Workloads, uniform_sizes};
 use toga_kernels::heap::MIN_HEAP_BYTES;
 
 /// Threads per test.
@@ -123,8 +123,9 @@ fn check_all_memory_back(gpu: &Gpu, heap: &Heap) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn malloc_fill_check_free_in_1024_thread_blocks() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let size = 64u32;
     let heap = Heap::new(&gpu, &stream, half_heap(THREADS * size as u64)).unwrap();
@@ -178,8 +179,9 @@ fn malloc_fill_check_free_in_1024_thread_blocks() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn aligned_blocks_in_1024_thread_blocks() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let size = 64u32;
     // The least any allocator can give a request: the larger of its size and its alignment.
@@ -258,8 +260,9 @@ fn aligned_blocks_in_1024_thread_blocks() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn vec_push_through_global_alloc_in_1024_thread_blocks() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let len = 32u32;
     // `Heap::new` binds the heap to toga's module, whose `GlobalAlloc` the kernel uses.
@@ -304,8 +307,9 @@ fn vec_push_through_global_alloc_in_1024_thread_blocks() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn cross_warp_frees_in_1024_thread_blocks() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let (min_size, max_size, seed) = (16, 1024, 12);
     let sizes = uniform_sizes(THREADS, min_size, max_size, seed);

@@ -7,10 +7,11 @@ mod common;
 use toga::{Error, Heap};
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn without_vmm_a_growable_heap_is_a_fixed_heap_of_its_maximum() {
     // SAFETY: the only test in this binary, set before any thread reads the environment.
     unsafe { std::env::set_var("TOGA_NO_VMM", "1") };
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
         .max_bytes(64 << 20)
@@ -22,7 +23,7 @@ fn without_vmm_a_growable_heap_is_a_fixed_heap_of_its_maximum() {
         heap.grow(&stream, 1 << 20),
         Err(Error::NotGrowable)
     ));
-    let w = toga::workload::Workloads::new(&gpu).unwrap();
+    let w = toga_harness::Workloads::new(&gpu).unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(1 << 16).unwrap();
     w.malloc(&stream, &heap, &mut ptrs, 256).unwrap();
     let host = stream.clone_dtoh(&ptrs).unwrap();

@@ -1,4 +1,4 @@
-//! Growable heaps on a real GPU (skipped without one): growth while a kernel runs, host-side
+//! Growable heaps on a real GPU (ignored without `--include-ignored`): growth while a kernel runs, host-side
 //! growth and trim, out of memory at the maximum, misuse, one heap per device.
 
 mod common;
@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use toga::workload::{Workloads, block_bytes, uniform_sizes};
 use toga::{Error, Gpu, Heap};
+use toga_harness::{Workloads, block_bytes, uniform_sizes};
 
 const MIB: u64 = 1 << 20;
 
@@ -66,8 +66,9 @@ fn free_all(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn in_kernel_growth_serves_four_times_the_initial_memory() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
         .initial_bytes(8 * MIB)
@@ -108,8 +109,9 @@ fn in_kernel_growth_serves_four_times_the_initial_memory() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn in_kernel_growth_maps_large_blocks_in_aligned_runs() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
         .initial_bytes(2 * MIB)
@@ -135,8 +137,9 @@ fn in_kernel_growth_maps_large_blocks_in_aligned_runs() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn in_kernel_growth_stops_at_the_maximum_with_null_and_exact_counts() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let max = 32 * MIB;
     let heap = Heap::growable()
@@ -176,8 +179,9 @@ fn in_kernel_growth_stops_at_the_maximum_with_null_and_exact_counts() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn host_side_growth_and_a_trim_that_keeps_live_blocks() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
         .initial_bytes(4 * MIB)
@@ -229,8 +233,9 @@ fn host_side_growth_and_a_trim_that_keeps_live_blocks() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn a_free_into_an_unmapped_granule_is_counted_and_harmless() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
         .initial_bytes(2 * MIB)
@@ -253,12 +258,13 @@ fn a_free_into_an_unmapped_granule_is_counted_and_harmless() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn in_kernel_growth_on_every_device_with_a_heap_of_its_own() {
-    let first = gpu_or_skip!();
+    let first = common::gpu();
     let count = toga::device_count().unwrap();
     let mut gpus = vec![first];
     for ordinal in 1..count {
-        gpus.push(Gpu::open(ordinal).unwrap());
+        gpus.push(toga_harness::open(ordinal).unwrap());
     }
     // All heaps exist at once; each device's kernels use its own.
     let heaps: Vec<(Arc<CudaStream>, Heap)> = gpus
@@ -286,8 +292,9 @@ fn in_kernel_growth_on_every_device_with_a_heap_of_its_own() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn a_fixed_heap_cannot_grow() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 8 * MIB).unwrap();
     assert!(!heap.is_growable());
@@ -298,8 +305,9 @@ fn a_fixed_heap_cannot_grow() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn bad_growable_sizes_are_clear_errors() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let too_big = Heap::growable().max_bytes(1 << 40).create(&gpu, &stream);
     assert!(
@@ -324,8 +332,9 @@ fn bad_growable_sizes_are_clear_errors() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn in_kernel_growth_and_grow_stop_cleanly_when_the_device_is_out_of_memory() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::growable()
         .initial_bytes(4 * MIB)

@@ -1,18 +1,19 @@
-//! The allocator on a real GPU at 2^20 threads (skipped without one): TBuddy, UAlloc, routing,
+//! The allocator on a real GPU at 2^20 threads (ignored without `--include-ignored`): TBuddy, UAlloc, routing,
 //! misuse, streams, statistics, `Vec` in kernels.
 
 mod common;
 
 use cudarc::driver::PushKernelArg;
-use toga::workload::{Workloads, block_bytes, uniform_sizes};
 use toga::{Heap, launch_config};
+use toga_harness::{Workloads, block_bytes, uniform_sizes};
 use toga_kernels::ualloc::MAX_SMALL_SIZE;
 
 const THREADS: u64 = 1 << 20;
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn device_and_host_agree_on_the_layout() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let mut out = stream.alloc_zeros::<u64>(4).unwrap();
     let f = gpu.function("toga_layout").unwrap();
@@ -36,8 +37,9 @@ fn device_and_host_agree_on_the_layout() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn tbuddy_random_orders_fill_check_free_on_another_stream() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     // 4 KiB – 1 MiB blocks for 2^20 threads need far more than 1 GiB: some requests fail.
     // Every size but 4 KiB is a TBuddy block.
@@ -119,8 +121,9 @@ fn tbuddy_random_orders_fill_check_free_on_another_stream() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn exactly_k_large_blocks_fit_and_the_rest_fail() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let capacity = 64u64 << 20;
     let heap = Heap::new(&gpu, &stream, capacity).unwrap();
@@ -153,8 +156,9 @@ fn exactly_k_large_blocks_fit_and_the_rest_fail() {
 /// A heap has one arena per SM id (`%nsmid`), and fewer are refused: an arena's semaphores
 /// are sized for the threads of one SM (INV(SEM2)).
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn a_heap_has_one_arena_per_sm_id() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let info = gpu.info().clone();
     eprintln!("SMs {}, SM-id bound {}", info.sm_count, info.sm_id_bound);
@@ -181,8 +185,9 @@ fn a_heap_has_one_arena_per_sm_id() {
 /// With the arena semaphores' old 24-bit count, C wrapped below zero after the frees: the
 /// second round found no units, and no trim could take an empty bin back.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn one_sm_frees_more_slots_than_a_24_bit_count_holds() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 256 << 20).unwrap();
     let w = Workloads::new(&gpu).unwrap();
@@ -234,8 +239,9 @@ fn one_sm_frees_more_slots_than_a_24_bit_count_holds() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 2 << 30).unwrap();
     let w = Workloads::new(&gpu).unwrap();
@@ -290,8 +296,9 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn two_streams_churn_concurrently_on_one_heap() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 1 << 30).unwrap();
     let w = Workloads::new(&gpu).unwrap();
@@ -319,8 +326,9 @@ fn two_streams_churn_concurrently_on_one_heap() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn double_and_foreign_frees_are_counted_and_harmless() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     // 2^15 blocks of 8 KiB fill 256 MiB; the 48 B blocks need chunks of their own.
     let heap = Heap::new(&gpu, &stream, 512 << 20).unwrap();
@@ -367,8 +375,9 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn vec_grows_in_every_thread() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 1 << 30).unwrap();
     let w = Workloads::new(&gpu).unwrap();
@@ -386,8 +395,9 @@ fn vec_grows_in_every_thread() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn zero_and_oversized_requests_return_null() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 64 << 20).unwrap();
     let w = Workloads::new(&gpu).unwrap();

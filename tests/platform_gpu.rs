@@ -1,4 +1,4 @@
-//! Litmus tests of the platform layer on a real GPU (skipped without one).
+//! Litmus tests of the platform layer on a real GPU (ignored without `--include-ignored`).
 
 mod common;
 
@@ -8,8 +8,9 @@ use toga::launch_config;
 const GRID_THREADS: u64 = 1 << 20;
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn smoke_kernel_writes_every_element() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let n = 100_003u32;
     let mut out = stream.alloc_zeros::<u32>(n as usize).unwrap();
@@ -34,8 +35,9 @@ fn smoke_kernel_writes_every_element() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn message_passing_release_acquire_has_no_stale_reads() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let blocks = 2 * gpu.info().sm_count * 2; // writer and reader blocks interleaved
     let block = 256u32;
@@ -78,8 +80,9 @@ fn message_passing_release_acquire_has_no_stale_reads() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn atomics_are_exact_under_full_grid_contention() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let n = GRID_THREADS;
     let mut words = stream.clone_htod(&[0u64, 0, u64::MAX, 0, 0, 0]).unwrap();
@@ -129,8 +132,9 @@ fn atomics_are_exact_under_full_grid_contention() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn warp_collectives_match_cpu_expectation_on_divergent_masks() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let n = GRID_THREADS as usize;
     let mut out = stream.alloc_zeros::<u32>(6 * n).unwrap();
@@ -201,8 +205,9 @@ fn warp_collectives_match_cpu_expectation_on_divergent_masks() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn smid_is_in_range() {
-    let gpu = gpu_or_skip!();
+    let gpu = common::gpu();
     let stream = gpu.default_stream();
     let n = GRID_THREADS as usize;
     let mut out = stream.alloc_zeros::<u32>(2 * n).unwrap();

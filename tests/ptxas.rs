@@ -1,4 +1,4 @@
-//! The embedded PTX must assemble with NVIDIA's `ptxas`, must not use system-scope atomics or
+//! The harness PTX (toga's allocator with every test and workload kernel) must assemble with NVIDIA's `ptxas`, must not use system-scope atomics or
 //! fences (toga's heap is on one GPU; `.sys` scope is slower and never what the code means), and
 //! every kernel that calls the allocator must launch with 1024-thread blocks: at most
 //! [`MAX_REGISTERS`] registers per thread.
@@ -100,7 +100,7 @@ fn assemblies() -> Option<&'static [Assembly]> {
         let dir = report_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let src = dir.join("toga_kernels.check.ptx");
-        std::fs::write(&src, toga::KERNELS_PTX).unwrap();
+        std::fs::write(&src, toga_harness::HARNESS_PTX).unwrap();
         // CUDA 13's ptxas no longer accepts sm_70; the module still targets sm_70 so that the
         // driver can JIT it for Volta. sm_75 is the oldest architecture CUDA 13 assembles.
         let mut archs = vec!["sm_75", "sm_90"];
@@ -227,13 +227,58 @@ fn usage_table(arch: &str, usage: &[Usage]) -> String {
     t
 }
 
+/// The kernels of the PTX users load (`toga::KERNELS_PTX`): the host's heap management and
+/// nothing of the harness (`kernels/src/entry/heap.rs`).
+const USER_PTX_ENTRIES: &[&str] = &[
+    "toga_sm_id_bound",
+    "toga_heap_init_nodes",
+    "toga_heap_init_finish",
+    "toga_bind_heap",
+    "toga_trim",
+    "toga_heap_init_growable_finish",
+    "toga_heap_add_range",
+    "toga_heap_take_granules",
+    "toga_heap_collect",
+];
+
+/// The `.entry` names of a PTX module.
+fn entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|l| l.split(['(', ' ']).next().unwrap_or(l))
+        .collect()
+}
+
+#[test]
+fn the_users_ptx_holds_the_heap_kernels_and_no_harness() {
+    let mut user = entries(toga::KERNELS_PTX);
+    user.sort_unstable();
+    let mut expected = USER_PTX_ENTRIES.to_vec();
+    expected.sort_unstable();
+    assert_eq!(user, expected, "toga::KERNELS_PTX's kernels");
+    // The harness PTX is a superset: the same heap kernels plus its own.
+    let harness = entries(toga_harness::HARNESS_PTX);
+    for kernel in USER_PTX_ENTRIES {
+        assert!(
+            harness.contains(kernel),
+            "{kernel} missing from the harness PTX"
+        );
+    }
+    for kernel in ["toga_malloc", "toga_free", "cuda_malloc", "bump_malloc"] {
+        assert!(
+            harness.contains(&kernel),
+            "{kernel} missing from the harness PTX"
+        );
+    }
+}
+
 #[test]
 fn ptx_has_no_system_scope_atomics_or_fences() {
     // System scope belongs to the growth mailbox in mapped host memory, and only there: the
     // functions that talk to the host (`Heap::grow_on_demand`, and `toga_heap_collect` with
     // `collect_growth` inlined). Anywhere else it would be rustc's `core::sync::atomic`
     // leaking in (docs/toolchain.md).
-    let ptx = toga::KERNELS_PTX;
+    let ptx = toga_harness::HARNESS_PTX;
     let mut function = "";
     let mut mailbox_ops = 0;
     for (n, line) in ptx.lines().enumerate() {

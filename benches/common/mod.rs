@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
-use toga::workload::{Allocator, HeapState, MallocBench, Timing};
-use toga::{Gpu, GpuOptions};
+use toga::Gpu;
+use toga_harness::{Allocator, HeapState, MallocBench, Timing};
 
 /// 2^20 threads, the paper's and the issues' benchmark size.
 pub const THREADS: u64 = 1 << 20;
@@ -37,21 +37,14 @@ pub fn affordable(alloc: Allocator, threads: u64, size: u32) -> bool {
 /// The GPU for benchmarks, with CUDA's malloc heap raised for `threads × largest` bytes (and
 /// half again for its own overhead); `None` (after saying so) when there is no GPU.
 pub fn gpu(threads: u64, largest: u32) -> Option<Gpu> {
-    let options = GpuOptions {
-        cuda_malloc_heap: Some((threads * largest as u64 * 3 / 2).max(CUDA_DEFAULT_HEAP) as usize),
-    };
-    match Gpu::open_with(0, &toga::kernels_ptx().expect("TOGA_PTX_FILE"), &options) {
+    let cuda_heap = (threads * largest as u64 * 3 / 2).max(CUDA_DEFAULT_HEAP) as usize;
+    match toga_harness::open_with_cuda_heap(0, cuda_heap) {
         Ok(g) => Some(g),
         Err(e) => {
             eprintln!("skipped: no CUDA device ({e})");
             None
         }
     }
-}
-
-/// Criterion settings for kernels that take from microseconds to seconds.
-pub fn configure(c: &mut Criterion) -> &mut Criterion {
-    c
 }
 
 pub fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {

@@ -1,8 +1,8 @@
 //! `host bench`: a quick throughput table of toga against CUDA's device malloc and a bump
 //! allocator, measured in the same run. The criterion suite in `benches/` is the thorough one.
 
-use toga::workload::{Allocator, HeapState, MallocBench};
-use toga::{Gpu, GpuOptions};
+use toga::Gpu;
+use toga_harness::{Allocator, HeapState, MallocBench};
 
 use crate::Cli;
 
@@ -18,11 +18,9 @@ const CUDA_BUDGET_MS: f32 = 3000.0;
 
 /// CUDA's device-malloc heap must hold every thread's largest block, with room for its own
 /// bookkeeping; it is sized before the module loads.
-pub fn gpu_options(threads: u64) -> GpuOptions {
+pub fn cuda_malloc_heap(threads: u64) -> usize {
     let largest = *SIZES.iter().max().unwrap_or(&4096) as u64;
-    GpuOptions {
-        cuda_malloc_heap: Some((threads * largest * 3 / 2) as usize),
-    }
+    (threads * largest * 3 / 2) as usize
 }
 
 fn median(mut v: Vec<f32>) -> f32 {

@@ -13,8 +13,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use toga::workload::{Workloads, block_bytes, time_ms, uniform_sizes};
 use toga::{Gpu, Heap, HeapStats};
+use toga_harness::{Workloads, block_bytes, time_ms, uniform_sizes};
 
 use crate::Cli;
 use crate::report::{Row, print_rows};

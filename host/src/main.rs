@@ -135,11 +135,12 @@ fn run(cli: &Cli) -> toga::Result<bool> {
         toga::heap::check_heap_size(bytes)?;
     }
     // Only the bench needs CUDA's own malloc heap, which must be sized before the module loads.
-    let options = match &command {
-        Command::Bench => bench::gpu_options(cli.threads),
-        _ => toga::GpuOptions::default(),
+    let gpu = match &command {
+        Command::Bench => {
+            toga_harness::open_with_cuda_heap(cli.device, bench::cuda_malloc_heap(cli.threads))?
+        }
+        _ => toga_harness::open(cli.device)?,
     };
-    let gpu = Gpu::open_with(cli.device, &toga::kernels_ptx()?, &options)?;
     let heap_size = match cli.heap_size {
         Some(s) => s,
         None => DEFAULT_HEAP_MAX.min(gpu.free_memory()? / 4),
@@ -189,7 +190,7 @@ fn info(gpu: &Gpu, heap_size: u64) -> toga::Result<()> {
         "size classes (UAlloc, bytes): {}; larger requests: TBuddy blocks of 4 KiB << order",
         classes.join(" ")
     );
-    let probe = toga::workload::Workloads::new(gpu)?.probe(&stream, &heap)?;
+    let probe = toga_harness::Workloads::new(gpu)?.probe(&stream, &heap)?;
     println!(
         "heap check: {} bytes free in the buddy tree, whole-heap block {}",
         probe.free_bytes,

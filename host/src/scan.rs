@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaStream, sys};
-use toga::workload::Workloads;
 use toga::{Gpu, Heap};
+use toga_harness::Workloads;
 
 use crate::Cli;
 

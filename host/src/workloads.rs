@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use indicatif::{ProgressBar, ProgressStyle};
-use toga::workload::{Workloads, time_ms, uniform_sizes};
 use toga::{Gpu, Heap, HeapStats};
+use toga_harness::{Workloads, time_ms, uniform_sizes};
 
 use crate::Cli;
 use crate::report::{Row, print_header, print_row, print_rows};

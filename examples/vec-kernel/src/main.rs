@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use cudarc::driver::PushKernelArg;
-use toga::{Error, Gpu, GpuOptions, Heap};
+use toga::{Error, Gpu, Heap};
 
 const PTX: &str = include_str!(env!("VEC_KERNEL_PTX"));
 
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
 
 fn run() -> toga::Result<bool> {
     // The user's module contains toga's allocator and its heap-init kernels.
-    let gpu = Gpu::open_with(0, PTX, &GpuOptions::default())?;
+    let gpu = Gpu::open_with(0, PTX)?;
     let stream = gpu.default_stream();
     // Creating the heap binds it to the module, so `malloc` and `Vec` in the kernel use it. No
     // size to guess: the heap maps memory as the kernel needs it (`docs/growable.md`).

@@ -1,4 +1,4 @@
-//! Typed launchers for the workload and baseline kernels of toga's own PTX
+//! Typed launchers for the workload and baseline kernels of the harness PTX
 //! (`kernels/src/entry/workload.rs`), shared by the GPU tests, the `host` harness and the benches.
 //!
 //! Every launcher enqueues on the given stream and returns at once; read results back with the
@@ -8,10 +8,17 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg, sys};
 
-use crate::error::Result;
-use crate::gpu::Gpu;
-use crate::heap::Heap;
-use crate::launch_config;
+use toga::{Gpu, Heap, Result, launch_config};
+
+/// Enqueue `kernel` on `stream` over the grid `config` with `args` pushed in order, and return
+/// `Ok(())`: the one launcher behind every typed one below, which adds only its kernel's
+/// contract (the `SAFETY` comment where it is used). Unsafe to call, like any kernel launch.
+macro_rules! launch {
+    ($stream:expr, $kernel:expr, $config:expr, [$($arg:expr),* $(,)?]) => {{
+        $stream.launch_builder(&$kernel)$(.arg($arg))*.launch($config)?;
+        Ok(())
+    }};
+}
 
 /// The kernels, loaded once.
 pub struct Workloads {
@@ -141,16 +148,13 @@ impl Workloads {
         let n = ptrs.len().min(sizes.len()) as u64;
         // SAFETY: `ptrs` and `sizes` hold `n` elements; the heap is initialized.
         unsafe {
-            stream
-                .launch_builder(&self.alloc_fill)
-                .arg(&heap.base())
-                .arg(ptrs)
-                .arg(sizes)
-                .arg(&n)
-                .arg(&tag)
-                .launch(config)?;
+            launch!(
+                stream,
+                self.alloc_fill,
+                config,
+                [&heap.base(), ptrs, sizes, &n, &tag]
+            )
         }
-        Ok(())
     }
 
     /// Thread `i`: check the pattern of `ptrs[i]`, then free it if `free`. Wrong words go to
@@ -197,18 +201,13 @@ impl Workloads {
         let free = free as u32;
         // SAFETY: as for `alloc_fill`; `errors` has two words.
         unsafe {
-            stream
-                .launch_builder(&self.check_free)
-                .arg(&heap.base())
-                .arg(ptrs)
-                .arg(sizes)
-                .arg(&n)
-                .arg(&tag)
-                .arg(&free)
-                .arg(errors)
-                .launch(config)?;
+            launch!(
+                stream,
+                self.check_free,
+                config,
+                [&heap.base(), ptrs, sizes, &n, &tag, &free, errors]
+            )
         }
-        Ok(())
     }
 
     /// Thread `i`: `ptrs[i] = malloc(size)` and nothing else (the benchmark kernel).
@@ -222,15 +221,13 @@ impl Workloads {
         let n = ptrs.len() as u64;
         // SAFETY: `ptrs` has `n` elements.
         unsafe {
-            stream
-                .launch_builder(&self.malloc)
-                .arg(&heap.base())
-                .arg(ptrs)
-                .arg(&size)
-                .arg(&n)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.malloc,
+                launch_config(n),
+                [&heap.base(), ptrs, &size, &n]
+            )
         }
-        Ok(())
     }
 
     /// Thread `i`: `ptrs[i] = malloc(sizes[i])` (toga) or CUDA's `malloc(sizes[i])`.
@@ -245,22 +242,20 @@ impl Workloads {
         // SAFETY: `ptrs` and `sizes` have `n` elements.
         unsafe {
             match heap {
-                Some(h) => stream
-                    .launch_builder(&self.malloc_sizes)
-                    .arg(&h.base())
-                    .arg(ptrs)
-                    .arg(sizes)
-                    .arg(&n)
-                    .launch(launch_config(n))?,
-                None => stream
-                    .launch_builder(&self.cuda_malloc_sizes)
-                    .arg(ptrs)
-                    .arg(sizes)
-                    .arg(&n)
-                    .launch(launch_config(n))?,
-            };
+                Some(h) => launch!(
+                    stream,
+                    self.malloc_sizes,
+                    launch_config(n),
+                    [&h.base(), ptrs, sizes, &n]
+                ),
+                None => launch!(
+                    stream,
+                    self.cuda_malloc_sizes,
+                    launch_config(n),
+                    [ptrs, sizes, &n]
+                ),
+            }
         }
-        Ok(())
     }
 
     /// Thread `i`: `free(ptrs[i])`.
@@ -268,14 +263,13 @@ impl Workloads {
         let n = ptrs.len() as u64;
         // SAFETY: `ptrs` came from `malloc` on this heap.
         unsafe {
-            stream
-                .launch_builder(&self.free)
-                .arg(&heap.base())
-                .arg(ptrs)
-                .arg(&n)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.free,
+                launch_config(n),
+                [&heap.base(), ptrs, &n]
+            )
         }
-        Ok(())
     }
 
     /// `n` threads each `malloc(size)`, write a byte, `free`; nulls counted in `errors[1]`.
@@ -289,19 +283,17 @@ impl Workloads {
     ) -> Result<()> {
         // SAFETY: `errors` has two words.
         unsafe {
-            stream
-                .launch_builder(&self.malloc_free)
-                .arg(&heap.base())
-                .arg(&size)
-                .arg(&n)
-                .arg(errors)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.malloc_free,
+                launch_config(n),
+                [&heap.base(), &size, &n, errors]
+            )
         }
-        Ok(())
     }
 
     /// Baseline: CUDA's device `malloc` (the context's heap limit must have been raised with
-    /// [`crate::GpuOptions::cuda_malloc_heap`]).
+    /// [`crate::open_with_cuda_heap`]).
     pub fn cuda_malloc(
         &self,
         stream: &Arc<CudaStream>,
@@ -311,28 +303,20 @@ impl Workloads {
         let n = ptrs.len() as u64;
         // SAFETY: `ptrs` has `n` elements.
         unsafe {
-            stream
-                .launch_builder(&self.cuda_malloc)
-                .arg(ptrs)
-                .arg(&size)
-                .arg(&n)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.cuda_malloc,
+                launch_config(n),
+                [ptrs, &size, &n]
+            )
         }
-        Ok(())
     }
 
     /// Baseline: CUDA's device `free` of what `cuda_malloc` returned.
     pub fn cuda_free(&self, stream: &Arc<CudaStream>, ptrs: &CudaSlice<u64>) -> Result<()> {
         let n = ptrs.len() as u64;
         // SAFETY: `ptrs` came from `cuda_malloc`.
-        unsafe {
-            stream
-                .launch_builder(&self.cuda_free)
-                .arg(ptrs)
-                .arg(&n)
-                .launch(launch_config(n))?;
-        }
-        Ok(())
+        unsafe { launch!(stream, self.cuda_free, launch_config(n), [ptrs, &n]) }
     }
 
     /// Baseline: one `atom.add` per thread on `bump[0]`, handing out 16-byte-rounded pieces of
@@ -349,17 +333,13 @@ impl Workloads {
         let n = ptrs.len() as u64;
         // SAFETY: `ptrs` has `n` elements, `bump` one.
         unsafe {
-            stream
-                .launch_builder(&self.bump_malloc)
-                .arg(ptrs)
-                .arg(&size)
-                .arg(&n)
-                .arg(bump)
-                .arg(&arena)
-                .arg(&limit)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.bump_malloc,
+                launch_config(n),
+                [ptrs, &size, &n, bump, &arena, &limit]
+            )
         }
-        Ok(())
     }
 
     /// Thread `i` grows a `Vec<u64>` to `len` elements; `out[i]` gets the checked sum.
@@ -372,15 +352,7 @@ impl Workloads {
     ) -> Result<()> {
         let n = out.len() as u64;
         // SAFETY: `out` has `n` elements.
-        unsafe {
-            stream
-                .launch_builder(&self.vec_push)
-                .arg(out)
-                .arg(&n)
-                .arg(&len)
-                .launch(launch_config(n))?;
-        }
-        Ok(())
+        unsafe { launch!(stream, self.vec_push, launch_config(n), [out, &n, &len]) }
     }
 
     /// `n` threads churn `rounds` random alloc/free steps of sizes in `[min, max]`;
@@ -398,18 +370,13 @@ impl Workloads {
     ) -> Result<()> {
         // SAFETY: `errors` has two words.
         unsafe {
-            stream
-                .launch_builder(&self.churn)
-                .arg(&heap.base())
-                .arg(&n)
-                .arg(&rounds)
-                .arg(&seed)
-                .arg(&sizes.0)
-                .arg(&sizes.1)
-                .arg(errors)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.churn,
+                launch_config(n),
+                [&heap.base(), &n, &rounds, &seed, &sizes.0, &sizes.1, errors]
+            )
         }
-        Ok(())
     }
 
     /// `n` threads each do `rounds` × (`malloc` a size in `[min, max]`, write and read back its
@@ -429,22 +396,17 @@ impl Workloads {
         check_churn_sizes(sizes, errors);
         // SAFETY: `errors` has two words; the sizes are in the kernel's range (checked above).
         unsafe {
-            stream
-                .launch_builder(&self.churn_pairs)
-                .arg(&heap.base())
-                .arg(&n)
-                .arg(&rounds)
-                .arg(&seed)
-                .arg(&sizes.0)
-                .arg(&sizes.1)
-                .arg(errors)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.churn_pairs,
+                launch_config(n),
+                [&heap.base(), &n, &rounds, &seed, &sizes.0, &sizes.1, errors]
+            )
         }
-        Ok(())
     }
 
     /// Baseline: [`Workloads::churn_pairs`] with CUDA's device `malloc` and `free` (the
-    /// context's heap limit must have been raised with [`crate::GpuOptions::cuda_malloc_heap`]).
+    /// context's heap limit must have been raised with [`crate::open_with_cuda_heap`]).
     pub fn cuda_churn_pairs(
         &self,
         stream: &Arc<CudaStream>,
@@ -457,17 +419,13 @@ impl Workloads {
         check_churn_sizes(sizes, errors);
         // SAFETY: as for `churn_pairs`.
         unsafe {
-            stream
-                .launch_builder(&self.cuda_churn_pairs)
-                .arg(&n)
-                .arg(&rounds)
-                .arg(&seed)
-                .arg(&sizes.0)
-                .arg(&sizes.1)
-                .arg(errors)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.cuda_churn_pairs,
+                launch_config(n),
+                [&n, &rounds, &seed, &sizes.0, &sizes.1, errors]
+            )
         }
-        Ok(())
     }
 
     /// Baseline: [`Workloads::churn_pairs`] with the bump allocator, whose offsets (from
@@ -493,33 +451,38 @@ impl Workloads {
         assert!(!bump.is_empty(), "bump has one word");
         // SAFETY: as for `churn_pairs`; `bump` has a word and `ring` the bytes checked above.
         unsafe {
-            stream
-                .launch_builder(&self.bump_churn_pairs)
-                .arg(&n)
-                .arg(&rounds)
-                .arg(&seed)
-                .arg(&sizes.0)
-                .arg(&sizes.1)
-                .arg(bump)
-                .arg(ring)
-                .arg(&ring_bytes)
-                .arg(errors)
-                .launch(launch_config(n))?;
+            launch!(
+                stream,
+                self.bump_churn_pairs,
+                launch_config(n),
+                [
+                    &n,
+                    &rounds,
+                    &seed,
+                    &sizes.0,
+                    &sizes.1,
+                    bump,
+                    ring,
+                    &ring_bytes,
+                    errors
+                ]
+            )
         }
-        Ok(())
     }
 
     /// Whole-heap check of a quiescent heap (synchronizes `stream`).
     pub fn probe(&self, stream: &Arc<CudaStream>, heap: &Heap) -> Result<Probe> {
         let mut out = stream.alloc_zeros::<u64>(2)?;
         // SAFETY: `out` has two words; nothing else runs on the heap (caller).
-        unsafe {
-            stream
-                .launch_builder(&self.heap_probe)
-                .arg(&heap.base())
-                .arg(&mut out)
-                .launch(launch_config(1))?;
-        }
+        let launched: Result<()> = unsafe {
+            launch!(
+                stream,
+                self.heap_probe,
+                launch_config(1),
+                [&heap.base(), &mut out]
+            )
+        };
+        launched?;
         let out = stream.clone_dtoh(&out)?;
         Ok(Probe {
             free_bytes: out[0],
@@ -583,7 +546,7 @@ pub struct MallocBench {
 
 impl MallocBench {
     /// `threads` threads per kernel over a toga heap of `heap_bytes`. For the CUDA baseline,
-    /// `gpu` must have been opened with [`crate::GpuOptions::cuda_malloc_heap`] large enough.
+    /// `gpu` must have been opened with [`crate::open_with_cuda_heap`] large enough.
     pub fn new(gpu: &Gpu, threads: u64, heap_bytes: u64) -> Result<Self> {
         let stream = gpu.default_stream();
         Ok(Self {
@@ -801,7 +764,7 @@ pub struct ChurnBench {
 
 impl ChurnBench {
     /// `threads` threads per kernel over a toga heap of `heap_bytes`. For the CUDA baseline,
-    /// `gpu` must have been opened with [`crate::GpuOptions::cuda_malloc_heap`] large enough.
+    /// `gpu` must have been opened with [`crate::open_with_cuda_heap`] large enough.
     pub fn new(gpu: &Gpu, threads: u64, heap_bytes: u64) -> Result<Self> {
         let stream = gpu.default_stream();
         Ok(Self {
