@@ -10,16 +10,23 @@ use crate::error::{Error, Result};
 /// What the host knows about the device.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
+    /// The device's ordinal (0 is the first).
     pub ordinal: usize,
+    /// The device's name, as the driver gives it.
     pub name: String,
+    /// Streaming multiprocessors.
     pub sm_count: u32,
     /// The bound of the SM ids kernels see (`%nsmid`); at least `sm_count`, and more where the
     /// ids have gaps. A heap gives every SM id an arena of its own. `sm_count` when the loaded
     /// module lacks the probe kernel.
     pub sm_id_bound: u32,
+    /// Compute capability, major and minor (9.0 for Hopper).
     pub compute_capability: (i32, i32),
+    /// Device memory in bytes.
     pub total_memory: u64,
+    /// Free device memory in bytes when the context was opened.
     pub free_memory: u64,
+    /// The driver's CUDA version, as `cuDriverGetVersion` gives it (13000 for 13.0).
     pub driver_version: i32,
 }
 

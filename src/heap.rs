@@ -101,10 +101,22 @@ impl HeapBuilder {
 /// Where a heap's memory comes from.
 enum Backing {
     /// A fixed heap: one allocation from a pool of its own.
-    Pool(sys::CUmemoryPool),
+    Pool(PoolHandle),
     /// A growable heap: a reservation with granules mapped on demand.
     Growable(Growable),
 }
+
+/// A memory pool's driver handle.
+struct PoolHandle(sys::CUmemoryPool);
+
+// SAFETY: the handle names a driver object, not memory of this process, and the driver API is
+// thread-safe. A heap uses its pool only while it is created (before anything can share it)
+// and in `Drop` (`&mut`), each time with the heap's context bound to the calling thread first;
+// no method of `&Heap` touches it. So `Heap` is `Send` and `Sync` (its other state is
+// `Arc`s, mutexes and values written only at creation).
+unsafe impl Send for PoolHandle {}
+// SAFETY: as above.
+unsafe impl Sync for PoolHandle {}
 
 struct Growable {
     /// First field: dropped (stopped) before the memory it maps into.
@@ -137,37 +149,45 @@ pub struct Heap {
 pub struct HeapStats {
     /// Bytes of the data region (what the heap can hand out).
     pub capacity_bytes: u64,
-    /// Bytes taken from the buddy tree (UAlloc chunks plus large blocks), now and at most.
+    /// Bytes taken from the buddy tree (UAlloc chunks plus large blocks), now.
     pub reserved_bytes: u64,
+    /// The most [`reserved_bytes`](Self::reserved_bytes) has been.
     pub reserved_high: u64,
     /// Bytes of live blocks (sizes as rounded up by the allocator), now (exact) and at most
     /// (exact to within `toga_kernels::heap::USED_QUANTUM` per SM).
     pub used_bytes: u64,
+    /// The most [`used_bytes`](Self::used_bytes) has been.
     pub used_high: u64,
     /// Live blocks per size class: `(class size, count)`.
     pub live_per_class: Vec<(usize, u64)>,
     /// Live blocks served by TBuddy directly.
     pub live_large: u64,
+    /// `malloc`s that returned a block.
     pub mallocs: u64,
+    /// `free`s that gave a block back.
     pub frees: u64,
     /// `malloc`s that returned null for want of memory.
     pub failed_allocations: u64,
+    /// `free`s of pointers the heap did not hand out (counted, otherwise ignored).
     pub invalid_frees: u64,
+    /// `free`s of blocks that were free already (counted, otherwise ignored).
     pub double_frees: u64,
     /// Bytes the data region may grow to (the capacity of a fixed heap).
     pub max_bytes: u64,
-    /// Bytes of the data region backed by memory now, and at most (a fixed heap: all of it).
+    /// Bytes of the data region backed by memory now (a fixed heap: all of it).
     pub mapped_bytes: u64,
+    /// The most [`mapped_bytes`](Self::mapped_bytes) has been.
     pub mapped_high: u64,
     /// Device memory the heap holds, metadata included.
     pub device_bytes: u64,
-    /// Growths that kernels asked for and got, and requests that got nothing (the heap was at
-    /// its maximum, the device out of memory, or the host did not answer in time).
+    /// Growths that kernels asked for and got.
     pub kernel_grows: u64,
+    /// Growth requests from kernels that got nothing (the heap was at its maximum, the device
+    /// out of memory, or the host did not answer in time).
     pub kernel_grow_failures: u64,
-    /// Growth requests the host service answered with memory, and the mean time it took to
-    /// map them (ns).
+    /// Growth requests the host service answered with memory.
     pub service_grants: u64,
+    /// The mean time the service took to map a granted request (ns).
     pub service_map_ns: u64,
 }
 
@@ -284,7 +304,7 @@ impl Heap {
         })?;
         let geometry =
             Geometry::new(base, total, b.bytes, arenas).map_err(|e| geometry_error(e, b.bytes))?;
-        Self::start(gpu, stream, Backing::Pool(pool), geometry)
+        Self::start(gpu, stream, Backing::Pool(PoolHandle(pool)), geometry)
     }
 
     /// The heap over `backing` laid out by `geometry`: initialized and bound to `gpu`'s module,
@@ -738,7 +758,7 @@ impl Drop for Heap {
             match &mut self.backing {
                 Backing::Pool(pool) => {
                     let _ = sys::cuMemFreeAsync(self.base, self.stream.cu_stream());
-                    let _ = sys::cuMemPoolDestroy(*pool);
+                    let _ = sys::cuMemPoolDestroy(pool.0);
                 }
                 Backing::Growable(g) => {
                     // Unmapping is not stream-ordered: wait for the kernels, stop the service,

@@ -5,6 +5,8 @@
 //! loading: nothing CUDA is needed to build this crate, and a machine without a driver gets
 //! [`Error::NoDriver`] at run time.
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod gpu;
 pub mod heap;
@@ -13,6 +15,12 @@ mod vmm;
 pub use error::{Error, Result};
 pub use gpu::{DeviceInfo, Gpu, device_count};
 pub use heap::{Heap, HeapBuilder, HeapStats};
+/// The layout of a heap in device memory ([`Heap::geometry`]).
+pub use toga_kernels::heap::Geometry;
+
+/// The version of `cudarc` toga's signatures use (streams, modules, device slices): use this
+/// one, or depend on the same version, so the types match.
+pub use cudarc;
 
 /// The PTX of `kernels/`, for `sm_70` unless `TOGA_PTX_ARCH` said otherwise at build time.
 /// A readable copy is written to `target/ptx/toga_kernels.ptx`.
@@ -30,3 +38,12 @@ pub fn launch_config(threads: u64) -> cudarc::driver::LaunchConfig {
         shared_mem_bytes: 0,
     }
 }
+
+
+// A `Gpu` and a `Heap` can be shared between host threads (for example an `Arc<Heap>` used by
+// threads that launch on streams of their own): checked here at compile time.
+const _: () = {
+    const fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<Gpu>();
+    send_and_sync::<Heap>();
+};

@@ -9,6 +9,8 @@
 //!
 //! The GPU tests (`tests/`), the benches (`benches/`) and `host` use it.
 
+#![warn(missing_docs)]
+
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, sys};

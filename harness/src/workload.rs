@@ -504,8 +504,10 @@ pub enum Allocator {
 }
 
 impl Allocator {
+    /// Every allocator, in the order tables show them.
     pub const ALL: [Allocator; 3] = [Allocator::Toga, Allocator::CudaMalloc, Allocator::Bump];
 
+    /// The allocator's name in tables and CSV rows.
     pub fn name(self) -> &'static str {
         match self {
             Allocator::Toga => "toga",

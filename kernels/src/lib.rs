@@ -1,42 +1,78 @@
 //! # toga-kernels: the device allocator
 //!
-//! A throughput-oriented allocator for NVIDIA GPUs after Gelado & Garland (PPoPP 2019), in
-//! `no_std` Rust. The same code compiles to PTX (`nvptx64-nvidia-cuda`) and for the host, where
-//! OS threads stand in for GPU threads so every algorithm is tested on CPU and under loom.
+//! `malloc` and `free` for Rust kernels on NVIDIA GPUs, built for thousands of threads calling
+//! at once. A throughput-oriented allocator after Gelado & Garland (PPoPP 2019), in `no_std`
+//! Rust: bulk semaphores, TBuddy (a concurrent buddy tree for large blocks) and UAlloc (per-SM
+//! arenas of 4 KiB bins for small ones).
 //!
-//! Layers, lowest first; a module imports only from layers below it (`docs/architecture.md`):
-//! 1. [`platform`]: atomics, fences, warp collectives, special registers.
+//! # In a kernel crate
+//! Depend on this crate, build the kernel crate with `toga_builder`, and create a heap on the
+//! host with `toga::Heap`, which binds itself to your module. Then, in any kernel:
+//! - [`malloc`], [`calloc`], [`malloc_aligned`], [`realloc`], [`free`] and [`usable_size`];
+//! - `alloc::{Box, Vec, String}` through `#[global_allocator] static A: Toga = Toga;`.
+//!
+//! Out of memory is a null pointer, never a hang. `free(null)` is a no-op; a double or foreign
+//! free is counted for the host and changes nothing. Every function fits kernels launched with
+//! 1024-thread blocks (at most 64 registers per thread).
+//!
+//! # Features
+//! - `panic-handler` (default): a `#[panic_handler]` that traps, ending the kernel with an
+//!   error the host sees. Turn it off to provide your own.
+//! - `harness`: toga's own test, benchmark and baseline kernels. For toga's harness only.
+//!
+//! # Layers
+//! The same code compiles to PTX (`nvptx64-nvidia-cuda`) and for the host, where OS threads
+//! stand in for GPU threads, so every algorithm is tested on CPU and under loom. Layers, lowest
+//! first; a module imports only from layers below it (`docs/architecture.md`):
+//! 1. `platform`: atomics, fences, warp collectives, special registers.
 //! 2. the allocator's structures, written against `platform` only.
 //! 3. `entry` (nvptx only): the `extern "ptx-kernel"` functions the host launches.
+//!
+//! Those modules are public for toga's host crate and tests, and hidden from these docs: they
+//! are not an API.
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
 )]
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
 #[cfg(all(target_arch = "nvptx64", feature = "harness"))]
 extern crate alloc;
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+// The allocator's parts. They are public only for toga's host crate, its harness and the CPU
+// and loom tests, which check each structure on its own; they are not an API for kernels and
+// may change in any release, so the docs hide them.
+#[doc(hidden)]
 pub mod platform;
 
+#[doc(hidden)]
 pub mod bulk_semaphore;
+#[doc(hidden)]
 pub mod collective;
+#[doc(hidden)]
 pub mod heap;
+#[doc(hidden)]
 pub mod pattern;
+#[doc(hidden)]
 pub mod rcu;
+#[doc(hidden)]
 pub mod size_class;
+#[doc(hidden)]
 pub mod tbuddy;
+#[doc(hidden)]
 pub mod ualloc;
 
 #[cfg(target_arch = "nvptx64")]
 mod entry;
 
-pub use heap::Heap;
+#[doc(hidden)]
+pub use heap::DeviceHeap;
 #[cfg(not(loom))]
-pub use heap::{Toga, calloc, free, malloc, malloc_aligned, realloc};
+pub use heap::{Toga, calloc, free, malloc, malloc_aligned, realloc, usable_size};
 
 #[cfg(all(target_arch = "nvptx64", feature = "panic-handler"))]
 #[panic_handler]

@@ -264,3 +264,82 @@ mod tests {
         assert_eq!(SizeClass::from_size(2048).align(), 128);
     }
 }
+
+/// The chunk geometry of `ualloc::layout`, checked slot by slot for every class (here, so that
+/// `layout` does not import the classes that are built on it).
+#[cfg(all(test, not(loom)))]
+mod layout_tests {
+    use super::{BinKind, MIN_SIZE, SizeClass};
+    use crate::ualloc::layout::*;
+
+    fn slot_offset(class: SizeClass, bin: usize, slot: u32) -> usize {
+        let i = slot as usize;
+        match class.kind() {
+            BinKind::Small if slot < class.main_slots() => {
+                small_bin_offset(bin) + BIN_HEADER_SIZE + (i << class.shift())
+            }
+            BinKind::Small => {
+                tail_offset(bin) + ((i - class.main_slots() as usize) << class.shift())
+            }
+            BinKind::Large => large_bin_offset(bin) + BIN_HEADER_SIZE + (i << class.shift()),
+        }
+    }
+
+    /// Every slot of every bin of every class: inside the chunk, aligned to the class's
+    /// promise, never page-aligned (INV(UA1)), disjoint from headers and from each other, and
+    /// `area_of` maps it back to its bin.
+    #[test]
+    fn slots_are_disjoint_aligned_and_never_page_aligned() {
+        for class in SizeClass::ALL {
+            let small = class.kind() == BinKind::Small;
+            let bins = if small { SMALL_BINS } else { LARGE_BINS };
+            let mut owner = std::vec![u32::MAX; CHUNK_SIZE / MIN_SIZE];
+            // Headers.
+            let mut mark = |start: usize, len: usize, who: u32| {
+                for b in (start..start + len).step_by(MIN_SIZE) {
+                    assert_eq!(owner[b / MIN_SIZE], u32::MAX, "overlap at {b}");
+                    owner[b / MIN_SIZE] = who;
+                }
+            };
+            mark(0, CHUNK_HEADER_SIZE, u32::MAX - 1);
+            for bin in 0..bins {
+                let h = if small {
+                    small_bin_offset(bin)
+                } else {
+                    large_bin_offset(bin)
+                };
+                mark(h, BIN_HEADER_SIZE, u32::MAX - 1);
+            }
+            for bin in 0..bins {
+                for slot in 0..class.slots() {
+                    let off = slot_offset(class, bin, slot);
+                    assert!(off + class.size() <= CHUNK_SIZE);
+                    assert_ne!(off % PAGE_SIZE, 0, "{class:?} bin {bin} slot {slot}");
+                    assert_eq!(off % class.align(), 0);
+                    mark(off, class.size(), bin as u32);
+                    let (b, area) = area_of(small, off).expect("slot maps to a bin");
+                    assert_eq!(b, bin);
+                    match area {
+                        SlotArea::Body(x) => assert_eq!(x >> class.shift(), slot as usize),
+                        SlotArea::Tail(x) => assert_eq!(
+                            class.main_slots() as usize + (x >> class.shift()),
+                            slot as usize
+                        ),
+                    }
+                }
+            }
+            assert_eq!(area_of(small, 0), None);
+        }
+    }
+
+    #[test]
+    fn tails_fill_the_reserved_pages() {
+        for bin in 0..SMALL_BINS {
+            let t = tail_offset(bin);
+            assert!(t < SMALL_RESERVED_PAGES * PAGE_SIZE);
+            assert_ne!(t % PAGE_SIZE, 0);
+        }
+        assert_eq!(area_of(true, PAGE_SIZE), None);
+        assert_eq!(area_of(true, 3 * PAGE_SIZE + 5), None);
+    }
+}

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 
-use toga_kernels::heap::{Geometry, Heap, HeapHeader, stat};
+use toga_kernels::heap::{DeviceHeap, Geometry, HeapHeader, stat};
 use toga_kernels::pattern;
 use toga_kernels::ualloc::{CHUNK_SIZE, MAX_SMALL_SIZE};
 
@@ -34,7 +34,7 @@ impl HostHeap {
         unsafe {
             let header = mem as *mut HeapHeader;
             std::ptr::addr_of_mut!((*header).geometry).write(geometry);
-            let heap = Heap::from_base(mem);
+            let heap = DeviceHeap::from_base(mem);
             heap.init_nodes(0, 3);
             heap.init_nodes(1, 3);
             heap.init_nodes(2, 3);
@@ -47,9 +47,9 @@ impl HostHeap {
         }
     }
 
-    fn heap(&self) -> Heap<'_> {
+    fn heap(&self) -> DeviceHeap<'_> {
         // SAFETY: initialized in `new`, lives as long as `self`.
-        unsafe { Heap::from_base(self.mem) }
+        unsafe { DeviceHeap::from_base(self.mem) }
     }
 
     fn stat(&self, word: usize) -> u64 {
@@ -320,7 +320,7 @@ fn calloc_and_realloc_keep_contents() {
     assert_eq!(h.stat(stat::LIVE_BYTES), 0);
 }
 
-/// `Heap::trim` in a loop while threads allocate and free blocks of every size (small ones from
+/// `DeviceHeap::trim` in a loop while threads allocate and free blocks of every size (small ones from
 /// UAlloc, large ones from TBuddy, which are carved from the same pages as UAlloc's chunks):
 /// empty bins and chunks go back to the buddy tree under the threads' feet. Patterns are
 /// checked before every free and on kept blocks now and then (a chunk given back with a live

@@ -21,7 +21,7 @@ use toga_kernels::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 const THREADS: usize = 8;
 
 /// A tree, its node words and the memory it manages.
-struct Heap {
+struct DeviceHeap {
     header: Box<TBuddyHeader>,
     nodes: Vec<Atomic32>,
     max_order: u32,
@@ -31,11 +31,11 @@ struct Heap {
 
 // SAFETY: the region is plain memory; the tests give each live block to one thread at a time
 // (that is what they check), and the tree words are atomics.
-unsafe impl Sync for Heap {}
+unsafe impl Sync for DeviceHeap {}
 // SAFETY: as above; the raw pointer is owned by this struct.
-unsafe impl Send for Heap {}
+unsafe impl Send for DeviceHeap {}
 
-impl Heap {
+impl DeviceHeap {
     fn new(max_order: u32, usable_pages: u64) -> Self {
         let heap = Self::zeroed(max_order);
         heap.tree().init(usable_pages);
@@ -100,7 +100,7 @@ impl Heap {
     }
 }
 
-impl Drop for Heap {
+impl Drop for DeviceHeap {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with this layout.
         unsafe { std::alloc::dealloc(self.region, self.layout) }
@@ -116,7 +116,7 @@ fn pattern(offset: u64, tag: u64) -> u64 {
 struct Oracle(Mutex<BTreeMap<u64, (u64, u32)>>);
 
 impl Oracle {
-    fn insert(&self, heap: &Heap, offset: u64, order: u32) {
+    fn insert(&self, heap: &DeviceHeap, offset: u64, order: u32) {
         let size = (PAGE_SIZE as u64) << order;
         let end = offset + size;
         assert_eq!(
@@ -165,7 +165,7 @@ impl Oracle {
 
 /// Everything is free again: the initial decomposition is back and the largest block it
 /// allows can be allocated (for a full heap: the root).
-fn assert_recovered(heap: &Heap, usable: u64) {
+fn assert_recovered(heap: &DeviceHeap, usable: u64) {
     let tree = heap.tree();
     tree.assert_valid();
     assert_eq!(
@@ -184,7 +184,7 @@ fn assert_recovered(heap: &Heap, usable: u64) {
 
 #[test]
 fn serial_split_merge_and_alignment() {
-    let heap = Heap::new(3, 8);
+    let heap = DeviceHeap::new(3, 8);
     let tree = heap.tree();
     assert_eq!(tree.max_order(), 3);
     assert_eq!(tree.available_pages(), 8);
@@ -227,7 +227,7 @@ impl ValidAfter for TBuddy<'_> {
 fn non_power_of_two_heaps() {
     const MAX_ORDER: u32 = 5;
     for usable in 0..=(1u64 << MAX_ORDER) {
-        let heap = Heap::new(MAX_ORDER, usable);
+        let heap = DeviceHeap::new(MAX_ORDER, usable);
         let tree = heap.tree();
         assert_eq!(tree.available_pages(), usable);
         let oracle = Oracle::default();
@@ -260,8 +260,8 @@ fn non_power_of_two_heaps() {
 fn parallel_init_matches_serial() {
     const MAX_ORDER: u32 = 9;
     let usable = (1u64 << MAX_ORDER) - 37;
-    let serial = Heap::new(MAX_ORDER, usable);
-    let parallel = Heap::zeroed(MAX_ORDER);
+    let serial = DeviceHeap::new(MAX_ORDER, usable);
+    let parallel = DeviceHeap::zeroed(MAX_ORDER);
     for order in 0..=MAX_ORDER {
         assert_eq!(
             parallel.tree().alloc(order),
@@ -297,7 +297,7 @@ fn random_mixed_orders_with_oracle() {
         const OPS: usize = 3_000;
         const TOP_ORDER: u64 = 4;
         for usable in [1u64 << MAX_ORDER, 200] {
-            let heap = Heap::new(MAX_ORDER, usable);
+            let heap = DeviceHeap::new(MAX_ORDER, usable);
             let oracle = Oracle::default();
             // Blocks handed to another thread to free: (offset, order, tag).
             let exchange = Mutex::new(Vec::<(u64, u32, u64)>::new());
@@ -383,7 +383,7 @@ fn simultaneous_frees_merge_back_to_the_root() {
         const MAX_ORDER: u32 = 3;
         const ROUNDS: usize = 200;
         let pages = 1usize << MAX_ORDER;
-        let heap = Heap::new(MAX_ORDER, pages as u64);
+        let heap = DeviceHeap::new(MAX_ORDER, pages as u64);
         for round in 0..ROUNDS {
             let tree = heap.tree();
             let blocks: Vec<u64> = (0..pages).map(|_| tree.alloc(0).unwrap()).collect();
@@ -418,7 +418,7 @@ fn churn_on_a_tiny_heap() {
     with_deadline(|| {
         const MAX_ORDER: u32 = 3;
         const OPS: usize = 50_000;
-        let heap = Heap::new(MAX_ORDER, 1 << MAX_ORDER);
+        let heap = DeviceHeap::new(MAX_ORDER, 1 << MAX_ORDER);
         let oracle = Oracle::default();
         let successes = AtomicUsize::new(0);
         std::thread::scope(|s| {
@@ -460,7 +460,7 @@ fn churn_on_a_tiny_heap() {
 }
 
 /// Runs `threads` threads that each want one page at once; returns the pages they got.
-fn race_for_pages(heap: &Heap, threads: usize) -> Vec<u64> {
+fn race_for_pages(heap: &DeviceHeap, threads: usize) -> Vec<u64> {
     let barrier = Barrier::new(threads);
     let got = Mutex::new(Vec::new());
     std::thread::scope(|s| {
@@ -487,7 +487,7 @@ fn exactly_k_of_2k_page_requests_succeed() {
         let pages = 1u64 << MAX_ORDER;
         for round in 0..ROUNDS {
             // Whole heap: K = 16, 32 threads.
-            let heap = Heap::new(MAX_ORDER, pages);
+            let heap = DeviceHeap::new(MAX_ORDER, pages);
             let oracle = Oracle::default();
             let got = race_for_pages(&heap, 2 * pages as usize);
             assert_eq!(
@@ -537,7 +537,7 @@ fn out_of_memory_then_full_recovery() {
     with_deadline(|| {
         const MAX_ORDER: u32 = 7;
         for usable in [1u64 << MAX_ORDER, 100] {
-            let heap = Heap::new(MAX_ORDER, usable);
+            let heap = DeviceHeap::new(MAX_ORDER, usable);
             let oracle = Oracle::default();
             let held = Mutex::new(Vec::new());
             let order0_failures = AtomicU64::new(0);

@@ -10,7 +10,7 @@
 
 use alloc::vec::Vec;
 
-use crate::heap::Heap;
+use crate::heap::DeviceHeap;
 use crate::pattern;
 use crate::platform::{self, Atomic64, WARP_SIZE};
 
@@ -43,7 +43,7 @@ fn count_error(errors: *const Atomic64, which: usize, n: u64) {
 /// `p` is null or a live block of `heap` of `size` bytes filled for `(owner, tag)`, freed here
 /// and nowhere else; `errors` has two words.
 unsafe fn check_and_free(
-    heap: &Heap,
+    heap: &DeviceHeap,
     p: *mut u8,
     size: usize,
     owner: u64,
@@ -80,7 +80,7 @@ pub unsafe extern "ptx-kernel" fn toga_fit_malloc_free(
         return;
     }
     // SAFETY: kernel contract.
-    let (heap, slot) = unsafe { (Heap::from_base(base), ptrs.add(i)) };
+    let (heap, slot) = unsafe { (DeviceHeap::from_base(base), ptrs.add(i)) };
     let size = size as usize;
     if free == 0 {
         let p = heap.malloc(size);
@@ -121,7 +121,7 @@ pub unsafe extern "ptx-kernel" fn toga_fit_aligned(
         return;
     }
     // SAFETY: kernel contract.
-    let (heap, align) = unsafe { (Heap::from_base(base), *aligns.add(i % count as usize)) };
+    let (heap, align) = unsafe { (DeviceHeap::from_base(base), *aligns.add(i % count as usize)) };
     let (size, align) = (size as usize, align as usize);
     let p = heap.malloc_aligned(size, align);
     if !p.is_null() {
@@ -199,7 +199,7 @@ pub unsafe extern "ptx-kernel" fn toga_fit_cross_free(
         return;
     }
     // SAFETY: kernel contract.
-    let heap = unsafe { Heap::from_base(base) };
+    let heap = unsafe { DeviceHeap::from_base(base) };
     if alloc != 0 {
         // SAFETY: `i < n`.
         let size = unsafe { *sizes.add(i as usize) } as usize;

@@ -1,6 +1,6 @@
 //! Heap bring-up and binding.
 
-use crate::heap::{self, Heap};
+use crate::heap::{self, DeviceHeap};
 use crate::platform;
 
 /// `*out = %nsmid`, the bound of the SM ids: the host gives every SM id an arena of its own,
@@ -23,7 +23,7 @@ pub unsafe extern "ptx-kernel" fn toga_sm_id_bound(out: *mut u32) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn toga_heap_init_nodes(base: *mut u8) {
     // SAFETY: kernel contract.
-    let heap = unsafe { Heap::from_base(base) };
+    let heap = unsafe { DeviceHeap::from_base(base) };
     heap.init_nodes(platform::global_thread_id(), platform::grid_threads());
 }
 
@@ -35,7 +35,7 @@ pub unsafe extern "ptx-kernel" fn toga_heap_init_nodes(base: *mut u8) {
 pub unsafe extern "ptx-kernel" fn toga_heap_init_finish(base: *mut u8) {
     if platform::global_thread_id() == 0 {
         // SAFETY: kernel contract.
-        unsafe { Heap::from_base(base) }.init_finish();
+        unsafe { DeviceHeap::from_base(base) }.init_finish();
     }
 }
 
@@ -51,7 +51,7 @@ pub unsafe extern "ptx-kernel" fn toga_bind_heap(base: *mut u8) {
     }
 }
 
-/// Give back what UAlloc holds but does not use (`Heap::trim`): one thread per launch is enough;
+/// Give back what UAlloc holds but does not use (`DeviceHeap::trim`): one thread per launch is enough;
 /// more threads only skip arenas that another is trimming.
 ///
 /// # Safety
@@ -60,7 +60,7 @@ pub unsafe extern "ptx-kernel" fn toga_bind_heap(base: *mut u8) {
 pub unsafe extern "ptx-kernel" fn toga_trim(base: *mut u8) {
     if platform::global_thread_id() == 0 {
         // SAFETY: kernel contract.
-        unsafe { Heap::from_base(base) }.trim();
+        unsafe { DeviceHeap::from_base(base) }.trim();
     }
 }
 
@@ -73,7 +73,7 @@ pub unsafe extern "ptx-kernel" fn toga_trim(base: *mut u8) {
 pub unsafe extern "ptx-kernel" fn toga_heap_init_growable_finish(base: *mut u8) {
     if platform::global_thread_id() == 0 {
         // SAFETY: kernel contract.
-        unsafe { Heap::from_base(base) }.init_growable_finish();
+        unsafe { DeviceHeap::from_base(base) }.init_growable_finish();
     }
 }
 
@@ -85,7 +85,7 @@ pub unsafe extern "ptx-kernel" fn toga_heap_init_growable_finish(base: *mut u8) 
 pub unsafe extern "ptx-kernel" fn toga_heap_add_range(base: *mut u8, offset: u64, bytes: u64) {
     if platform::global_thread_id() == 0 {
         // SAFETY: kernel contract.
-        unsafe { Heap::from_base(base) }.add_range(offset, bytes);
+        unsafe { DeviceHeap::from_base(base) }.add_range(offset, bytes);
     }
 }
 
@@ -105,7 +105,7 @@ pub unsafe extern "ptx-kernel" fn toga_heap_take_granules(
         // SAFETY: kernel contract.
         unsafe {
             let out = core::slice::from_raw_parts_mut(out, max as usize);
-            *count = Heap::from_base(base).take_granules(out) as u64;
+            *count = DeviceHeap::from_base(base).take_granules(out) as u64;
         }
     }
 }
@@ -118,6 +118,6 @@ pub unsafe extern "ptx-kernel" fn toga_heap_take_granules(
 pub unsafe extern "ptx-kernel" fn toga_heap_collect(base: *mut u8) {
     if platform::global_thread_id() == 0 {
         // SAFETY: kernel contract.
-        unsafe { Heap::from_base(base) }.collect_growth();
+        unsafe { DeviceHeap::from_base(base) }.collect_growth();
     }
 }

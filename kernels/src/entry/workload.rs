@@ -5,7 +5,7 @@
 use alloc::vec::Vec;
 use core::arch::nvptx;
 
-use crate::heap::Heap;
+use crate::heap::DeviceHeap;
 use crate::pattern;
 use crate::platform::{self, Atomic64};
 
@@ -35,7 +35,7 @@ pub unsafe extern "ptx-kernel" fn toga_alloc_fill(
     tag: u32,
 ) {
     // SAFETY: kernel contract.
-    let heap = unsafe { Heap::from_base(base) };
+    let heap = unsafe { DeviceHeap::from_base(base) };
     let mut i = tid() as u64;
     while i < n {
         // SAFETY: kernel contract.
@@ -67,7 +67,7 @@ pub unsafe extern "ptx-kernel" fn toga_check_free(
     errors: *const Atomic64,
 ) {
     // SAFETY: kernel contract.
-    let heap = unsafe { Heap::from_base(base) };
+    let heap = unsafe { DeviceHeap::from_base(base) };
     let mut i = tid() as u64;
     while i < n {
         // SAFETY: kernel contract.
@@ -98,7 +98,7 @@ pub unsafe extern "ptx-kernel" fn toga_malloc(base: *mut u8, ptrs: *mut u64, siz
     let i = tid();
     if (i as u64) < n {
         // SAFETY: kernel contract.
-        unsafe { *ptrs.add(i) = Heap::from_base(base).malloc(size as usize) as u64 };
+        unsafe { *ptrs.add(i) = DeviceHeap::from_base(base).malloc(size as usize) as u64 };
     }
 }
 
@@ -111,7 +111,7 @@ pub unsafe extern "ptx-kernel" fn toga_free(base: *mut u8, ptrs: *const u64, n: 
     let i = tid();
     if (i as u64) < n {
         // SAFETY: kernel contract.
-        unsafe { Heap::from_base(base).free(*ptrs.add(i) as *mut u8) };
+        unsafe { DeviceHeap::from_base(base).free(*ptrs.add(i) as *mut u8) };
     }
 }
 
@@ -132,7 +132,7 @@ pub unsafe extern "ptx-kernel" fn toga_malloc_free(
         return;
     }
     // SAFETY: kernel contract.
-    let heap = unsafe { Heap::from_base(base) };
+    let heap = unsafe { DeviceHeap::from_base(base) };
     let p = heap.malloc(size as usize);
     if p.is_null() {
         count_error(errors, 1, 1);
@@ -255,7 +255,7 @@ pub unsafe extern "ptx-kernel" fn toga_churn(
         return;
     }
     // SAFETY: kernel contract.
-    let heap = unsafe { Heap::from_base(base) };
+    let heap = unsafe { DeviceHeap::from_base(base) };
     let mut live: [(*mut u8, u32, u32); SLOTS] = [(core::ptr::null_mut(), 0, 0); SLOTS];
     let mut rng = (i as u64 ^ (seed as u64) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = || {
@@ -376,7 +376,7 @@ pub unsafe extern "ptx-kernel" fn toga_churn_pairs(
         return;
     }
     // SAFETY: kernel contract.
-    let heap = unsafe { Heap::from_base(base) };
+    let heap = unsafe { DeviceHeap::from_base(base) };
     let (bad, failed) = churn_pairs_loop(
         i as u64,
         rounds,
@@ -476,7 +476,7 @@ pub unsafe extern "ptx-kernel" fn toga_heap_probe(base: *mut u8, out: *mut u64) 
         return;
     }
     // SAFETY: kernel contract.
-    let buddy = unsafe { Heap::from_base(base) }.buddy();
+    let buddy = unsafe { DeviceHeap::from_base(base) }.buddy();
     let free = buddy.available_pages() << crate::tbuddy::PAGE_SHIFT;
     let whole = match buddy.alloc(buddy.max_order()) {
         Some(off) => {
@@ -506,7 +506,7 @@ pub unsafe extern "ptx-kernel" fn toga_malloc_sizes(
     let i = tid();
     if (i as u64) < n {
         // SAFETY: kernel contract.
-        unsafe { *ptrs.add(i) = Heap::from_base(base).malloc(*sizes.add(i) as usize) as u64 };
+        unsafe { *ptrs.add(i) = DeviceHeap::from_base(base).malloc(*sizes.add(i) as usize) as u64 };
     }
 }
 

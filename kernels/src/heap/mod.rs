@@ -287,7 +287,7 @@ pub const GROW_TIMEOUT_NS: u64 = 1_000_000_000;
 
 /// A view of an initialized heap.
 #[derive(Clone, Copy)]
-pub struct Heap<'a> {
+pub struct DeviceHeap<'a> {
     header: &'a HeapHeader,
     shards: &'a [StatsShard],
     arenas: &'a [Arena],
@@ -306,9 +306,9 @@ pub struct HeapChunks<'a> {
 
 impl<'a> HeapChunks<'a> {
     /// The whole heap (for growth, on the cold path).
-    fn heap(&self) -> Heap<'a> {
+    fn heap(&self) -> DeviceHeap<'a> {
         // SAFETY: `header` is the first word of an initialized heap that outlives `'a`.
-        unsafe { Heap::from_base(self.header as *const HeapHeader as *mut u8) }
+        unsafe { DeviceHeap::from_base(self.header as *const HeapHeader as *mut u8) }
     }
 }
 
@@ -341,12 +341,12 @@ fn add_reserved(header: &HeapHeader, bytes: u64) {
     header.reserved_high.0.fetch_max_relaxed(now);
 }
 
-impl<'a> Heap<'a> {
+impl<'a> DeviceHeap<'a> {
     /// View the heap at `base`.
     ///
     /// # Safety
     /// `base` points at a heap laid out by [`Geometry`] whose header holds that geometry (and,
-    /// before `malloc`/`free`, that [`Heap::init_nodes`]/[`Heap::init_finish`] completed), and
+    /// before `malloc`/`free`, that [`DeviceHeap::init_nodes`]/[`DeviceHeap::init_finish`] completed), and
     /// it outlives `'a`.
     pub unsafe fn from_base(base: *mut u8) -> Self {
         // SAFETY: the caller promises a heap at `base`.
@@ -793,7 +793,7 @@ impl<'a> Heap<'a> {
     /// fits and is not more than twice too big). On failure `p` stays valid and null is returned.
     ///
     /// # Safety
-    /// As for [`Heap::free`].
+    /// As for [`DeviceHeap::free`].
     pub unsafe fn realloc(&self, p: *mut u8, size: usize) -> *mut u8 {
         if p.is_null() {
             return self.malloc(size);

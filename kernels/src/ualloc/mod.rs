@@ -16,7 +16,7 @@
 //! ```
 //!
 //! # malloc (two stages: count, then find)
-//! 1. Lanes of a warp asking for the same class in the same arena form a [`Group`]; its
+//! 1. Lanes of a warp asking for the same class in the same arena form a [`Group`](crate::collective::Group); its
 //!    leader takes `k` units from the class's slots semaphore with one `wait`.
 //! 2. `Acquired` (the fast path, `alloc_fast_group`): the leader walks the
 //!    class's bin list under the arena's SRCU and claims free bits with one `fetch_or` per
@@ -33,7 +33,7 @@
 //! (check the class and the slot boundary), clear the bit. Lanes of a warp whose slots share a
 //! bitmap word do this once for the group. A bin that was full rejoins its list; the units go
 //! back to the semaphore. A bin that becomes empty stays carved and listed: `trim` (run by
-//! `malloc` before it reports out of memory, and by the host through `Heap::trim`) retires
+//! `malloc` before it reports out of memory, and by the host through `DeviceHeap::trim`) retires
 //! empty bins (their slots taken back from the semaphore, `used` 0 → RETIRED, unlinked) and
 //! returns them to their chunks after a grace period; a chunk whose bins are all free goes
 //! back to the source after another. So memory flows back between classes and kinds.
