@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use cudarc::driver::PushKernelArg;
+use toga::cudarc::driver::PushKernelArg;
 use toga::{Error, Gpu, Heap};
 
 const PTX: &str = include_str!(env!("VEC_KERNEL_PTX"));
