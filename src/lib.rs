@@ -39,7 +39,6 @@ pub fn launch_config(threads: u64) -> cudarc::driver::LaunchConfig {
     }
 }
 
-
 // A `Gpu` and a `Heap` can be shared between host threads (for example an `Arc<Heap>` used by
 // threads that launch on streams of their own): checked here at compile time.
 const _: () = {
