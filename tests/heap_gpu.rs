@@ -190,7 +190,6 @@ fn one_sm_frees_more_slots_than_a_24_bit_count_holds() {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, 256 << 20).unwrap();
-    let w = Workloads::new(&gpu).unwrap();
     let n = (1usize << 23) + (1 << 18);
     let d_sizes = stream.clone_htod(&vec![16u32; n]).unwrap();
     let one_block = cudarc::driver::LaunchConfig {
@@ -198,9 +197,10 @@ fn one_sm_frees_more_slots_than_a_24_bit_count_holds() {
         block_dim: (1024, 1, 1),
         shared_mem_bytes: 0,
     };
+    let w = Workloads::new(&gpu).unwrap().on_grid(one_block);
     for round in 0..2 {
         let mut ptrs = stream.alloc_zeros::<u64>(n).unwrap();
-        w.alloc_fill_with(&stream, &heap, &mut ptrs, &d_sizes, round, one_block)
+        w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round)
             .unwrap();
         let mut host = stream.clone_dtoh(&ptrs).unwrap();
         let got = host.iter().filter(|&&p| p != 0).count();
@@ -209,17 +209,8 @@ fn one_sm_frees_more_slots_than_a_24_bit_count_holds() {
         host.dedup();
         assert_eq!(host.len(), n, "round {round}: a block was handed out twice");
         let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
-        w.check_free_with(
-            &stream,
-            &heap,
-            &ptrs,
-            &d_sizes,
-            round,
-            true,
-            &mut errors,
-            one_block,
-        )
-        .unwrap();
+        w.check_free(&stream, &heap, &ptrs, &d_sizes, round, true, &mut errors)
+            .unwrap();
         assert_eq!(
             stream.clone_dtoh(&errors).unwrap()[0],
             0,

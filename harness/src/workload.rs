@@ -21,6 +21,7 @@ macro_rules! launch {
 }
 
 /// The kernels, loaded once.
+#[derive(Clone)]
 pub struct Workloads {
     alloc_fill: CudaFunction,
     check_free: CudaFunction,
@@ -38,6 +39,8 @@ pub struct Workloads {
     heap_probe: CudaFunction,
     malloc_sizes: CudaFunction,
     cuda_malloc_sizes: CudaFunction,
+    /// The grid of `alloc_fill` and `check_free` ([`Workloads::on_grid`]).
+    grid: Option<LaunchConfig>,
 }
 
 /// What `toga_heap_probe` reports about a quiescent heap.
@@ -79,14 +82,37 @@ pub fn uniform_sizes(n: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
 /// words.
 pub const CHURN_MIN_SIZE: u32 = 4;
 
-/// The `*_churn_pairs` kernels' contract: `CHURN_MIN_SIZE <= min <= max < u32::MAX`, two error
-/// words.
-fn check_churn_sizes((min, max): (u32, u32), errors: &CudaSlice<u64>) {
-    assert!(
-        CHURN_MIN_SIZE <= min && min <= max && max < u32::MAX,
-        "churn sizes {min}..={max} out of range"
-    );
-    assert!(errors.len() >= 2, "errors has two words");
+/// What a churn kernel allocates from ([`Workloads::churn_pairs`]).
+pub enum Source<'a> {
+    /// toga's heap.
+    Toga(&'a Heap),
+    /// CUDA's device `malloc` and `free`: the context's heap limit must have been raised with
+    /// [`crate::open_with_cuda_heap`].
+    CudaMalloc,
+    /// The bump baseline: offsets from `bump[0]` wrap around the first `ring_bytes` (a power of
+    /// two) of `ring`, which has room for one largest block past them; `free` is a no-op.
+    Bump {
+        /// One word: the next offset.
+        bump: &'a mut CudaSlice<u64>,
+        /// The memory handed out.
+        ring: &'a mut CudaSlice<u8>,
+        /// Where offsets wrap.
+        ring_bytes: u64,
+    },
+}
+
+/// One churn launch: `threads` threads, `rounds` rounds each, sizes uniform in `sizes`
+/// (inclusive, from `CHURN_MIN_SIZE` up) drawn from `seed`.
+#[derive(Clone, Copy, Debug)]
+pub struct Churn {
+    /// Threads in the launch.
+    pub threads: u64,
+    /// malloc/write/free rounds per thread.
+    pub rounds: u32,
+    /// Seed of every thread's sizes.
+    pub seed: u32,
+    /// Smallest and largest size.
+    pub sizes: (u32, u32),
 }
 
 /// GPU time of the work `f` enqueues on `stream`, by CUDA events, in milliseconds.
@@ -118,7 +144,21 @@ impl Workloads {
             heap_probe: gpu.function("toga_heap_probe")?,
             malloc_sizes: gpu.function("toga_malloc_sizes")?,
             cuda_malloc_sizes: gpu.function("cuda_malloc_sizes")?,
+            grid: None,
         })
+    }
+
+    /// These launchers, but [`alloc_fill`](Self::alloc_fill) and [`check_free`](Self::check_free)
+    /// run on the grid `config`, whose thread `t` takes the indices `t, t + grid threads, ...`
+    /// (a single block keeps every request on one SM).
+    pub fn on_grid(mut self, config: LaunchConfig) -> Self {
+        self.grid = Some(config);
+        self
+    }
+
+    /// The grid for `n` requests: [`on_grid`](Self::on_grid)'s, else one thread each.
+    fn grid(&self, n: u64) -> LaunchConfig {
+        self.grid.unwrap_or_else(|| launch_config(n))
     }
 
     /// Thread `i`: `ptrs[i] = malloc(sizes[i])`, filled with the pattern of `(i, tag)`.
@@ -131,27 +171,12 @@ impl Workloads {
         tag: u32,
     ) -> Result<()> {
         let n = ptrs.len().min(sizes.len()) as u64;
-        self.alloc_fill_with(stream, heap, ptrs, sizes, tag, launch_config(n))
-    }
-
-    /// [`alloc_fill`](Self::alloc_fill) on the grid `config`: thread `t` takes the indices
-    /// `t, t + grid threads, ...` (a single block keeps every request on one SM).
-    pub fn alloc_fill_with(
-        &self,
-        stream: &Arc<CudaStream>,
-        heap: &Heap,
-        ptrs: &mut CudaSlice<u64>,
-        sizes: &CudaSlice<u32>,
-        tag: u32,
-        config: LaunchConfig,
-    ) -> Result<()> {
-        let n = ptrs.len().min(sizes.len()) as u64;
         // SAFETY: `ptrs` and `sizes` hold `n` elements; the heap is initialized.
         unsafe {
             launch!(
                 stream,
                 self.alloc_fill,
-                config,
+                self.grid(n),
                 [&heap.base(), ptrs, sizes, &n, &tag]
             )
         }
@@ -171,40 +196,13 @@ impl Workloads {
         errors: &mut CudaSlice<u64>,
     ) -> Result<()> {
         let n = ptrs.len().min(sizes.len()) as u64;
-        self.check_free_with(
-            stream,
-            heap,
-            ptrs,
-            sizes,
-            tag,
-            free,
-            errors,
-            launch_config(n),
-        )
-    }
-
-    /// [`check_free`](Self::check_free) on the grid `config` (indices as in
-    /// [`alloc_fill_with`](Self::alloc_fill_with)).
-    #[allow(clippy::too_many_arguments)]
-    pub fn check_free_with(
-        &self,
-        stream: &Arc<CudaStream>,
-        heap: &Heap,
-        ptrs: &CudaSlice<u64>,
-        sizes: &CudaSlice<u32>,
-        tag: u32,
-        free: bool,
-        errors: &mut CudaSlice<u64>,
-        config: LaunchConfig,
-    ) -> Result<()> {
-        let n = ptrs.len().min(sizes.len()) as u64;
         let free = free as u32;
         // SAFETY: as for `alloc_fill`; `errors` has two words.
         unsafe {
             launch!(
                 stream,
                 self.check_free,
-                config,
+                self.grid(n),
                 [&heap.base(), ptrs, sizes, &n, &tag, &free, errors]
             )
         }
@@ -379,94 +377,73 @@ impl Workloads {
         }
     }
 
-    /// `n` threads each do `rounds` × (`malloc` a size in `[min, max]`, write and read back its
-    /// first and last words, `free`); words read back wrong to `errors[0]`, failed allocations
-    /// to `errors[1]`.
-    #[allow(clippy::too_many_arguments)]
+    /// `churn.threads` threads each do `churn.rounds` × (`malloc` a size in `churn.sizes`,
+    /// write and read back its first and last words, `free`) with the allocator `from`; words
+    /// read back wrong go to `errors[0]`, failed allocations to `errors[1]`.
     pub fn churn_pairs(
         &self,
         stream: &Arc<CudaStream>,
-        heap: &Heap,
-        n: u64,
-        rounds: u32,
-        seed: u32,
-        sizes: (u32, u32),
+        from: Source<'_>,
+        churn: Churn,
         errors: &mut CudaSlice<u64>,
     ) -> Result<()> {
-        check_churn_sizes(sizes, errors);
-        // SAFETY: `errors` has two words; the sizes are in the kernel's range (checked above).
-        unsafe {
-            launch!(
-                stream,
-                self.churn_pairs,
-                launch_config(n),
-                [&heap.base(), &n, &rounds, &seed, &sizes.0, &sizes.1, errors]
-            )
-        }
-    }
-
-    /// Baseline: [`Workloads::churn_pairs`] with CUDA's device `malloc` and `free` (the
-    /// context's heap limit must have been raised with [`crate::open_with_cuda_heap`]).
-    pub fn cuda_churn_pairs(
-        &self,
-        stream: &Arc<CudaStream>,
-        n: u64,
-        rounds: u32,
-        seed: u32,
-        sizes: (u32, u32),
-        errors: &mut CudaSlice<u64>,
-    ) -> Result<()> {
-        check_churn_sizes(sizes, errors);
-        // SAFETY: as for `churn_pairs`.
-        unsafe {
-            launch!(
-                stream,
-                self.cuda_churn_pairs,
-                launch_config(n),
-                [&n, &rounds, &seed, &sizes.0, &sizes.1, errors]
-            )
-        }
-    }
-
-    /// Baseline: [`Workloads::churn_pairs`] with the bump allocator, whose offsets (from
-    /// `bump[0]`) wrap around the first `ring_bytes` of `ring`; `free` is a no-op.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bump_churn_pairs(
-        &self,
-        stream: &Arc<CudaStream>,
-        n: u64,
-        rounds: u32,
-        seed: u32,
-        sizes: (u32, u32),
-        bump: &mut CudaSlice<u64>,
-        ring: &mut CudaSlice<u8>,
-        ring_bytes: u64,
-        errors: &mut CudaSlice<u64>,
-    ) -> Result<()> {
-        check_churn_sizes(sizes, errors);
+        let Churn {
+            threads: n,
+            rounds,
+            seed,
+            sizes: (min, max),
+        } = churn;
         assert!(
-            ring_bytes.is_power_of_two() && ring.len() as u64 >= ring_bytes + sizes.1 as u64,
-            "the ring must be a power of two with room for one largest block past its end"
+            CHURN_MIN_SIZE <= min && min <= max && max < u32::MAX,
+            "churn sizes {min}..={max} out of range"
         );
-        assert!(!bump.is_empty(), "bump has one word");
-        // SAFETY: as for `churn_pairs`; `bump` has a word and `ring` the bytes checked above.
+        assert!(errors.len() >= 2, "errors has two words");
+        let config = launch_config(n);
+        // SAFETY: `errors` has two words and the sizes are in the kernels' range (checked
+        // above); the bump ring is checked below.
         unsafe {
-            launch!(
-                stream,
-                self.bump_churn_pairs,
-                launch_config(n),
-                [
-                    &n,
-                    &rounds,
-                    &seed,
-                    &sizes.0,
-                    &sizes.1,
+            match from {
+                Source::Toga(heap) => launch!(
+                    stream,
+                    self.churn_pairs,
+                    config,
+                    [&heap.base(), &n, &rounds, &seed, &min, &max, errors]
+                ),
+                Source::CudaMalloc => launch!(
+                    stream,
+                    self.cuda_churn_pairs,
+                    config,
+                    [&n, &rounds, &seed, &min, &max, errors]
+                ),
+                Source::Bump {
                     bump,
                     ring,
-                    &ring_bytes,
-                    errors
-                ]
-            )
+                    ring_bytes,
+                } => {
+                    assert!(
+                        ring_bytes.is_power_of_two()
+                            && ring.len() as u64 >= ring_bytes + max as u64,
+                        "the ring must be a power of two with room for one largest block past its end"
+                    );
+                    assert!(!bump.is_empty(), "bump has one word");
+                    launch!(
+                        stream,
+                        self.bump_churn_pairs,
+                        config,
+                        [
+                            &n,
+                            &rounds,
+                            &seed,
+                            &min,
+                            &max,
+                            bump,
+                            ring,
+                            &ring_bytes,
+                            errors
+                        ]
+                    )
+                }
+            }
         }
     }
 
@@ -799,22 +776,30 @@ impl ChurnBench {
         let s = self.stream.clone();
         let n = self.threads;
         s.memset_zeros(&mut self.errors)?;
+        let churn = |rounds| Churn {
+            threads: n,
+            rounds,
+            seed,
+            sizes,
+        };
+        let errors = &mut self.errors;
         let ms = match alloc {
             Allocator::Toga => {
                 self.heap.reset(&s)?;
-                let (heap, errors) = (&self.heap, &mut self.errors);
+                let heap = &self.heap;
                 self.w
-                    .churn_pairs(&s, heap, n, 1, seed, sizes, &mut *errors)?;
+                    .churn_pairs(&s, Source::Toga(heap), churn(1), &mut *errors)?;
                 time_ms(&s, || {
-                    self.w.churn_pairs(&s, heap, n, rounds, seed, sizes, errors)
+                    self.w
+                        .churn_pairs(&s, Source::Toga(heap), churn(rounds), errors)
                 })?
             }
             Allocator::CudaMalloc => {
-                let errors = &mut self.errors;
                 self.w
-                    .cuda_churn_pairs(&s, n, 1, seed, sizes, &mut *errors)?;
+                    .churn_pairs(&s, Source::CudaMalloc, churn(1), &mut *errors)?;
                 time_ms(&s, || {
-                    self.w.cuda_churn_pairs(&s, n, rounds, seed, sizes, errors)
+                    self.w
+                        .churn_pairs(&s, Source::CudaMalloc, churn(rounds), errors)
                 })?
             }
             Allocator::Bump => {
@@ -824,20 +809,12 @@ impl ChurnBench {
                 }
                 let ring = self.ring.as_mut().expect("made above");
                 s.memset_zeros(&mut self.bump)?;
-                let (bump, errors) = (&mut self.bump, &mut self.errors);
-                time_ms(&s, || {
-                    self.w.bump_churn_pairs(
-                        &s,
-                        n,
-                        rounds,
-                        seed,
-                        sizes,
-                        bump,
-                        ring,
-                        BUMP_RING_BYTES,
-                        errors,
-                    )
-                })?
+                let from = Source::Bump {
+                    bump: &mut self.bump,
+                    ring,
+                    ring_bytes: BUMP_RING_BYTES,
+                };
+                time_ms(&s, || self.w.churn_pairs(&s, from, churn(rounds), errors))?
             }
         };
         let errors = s.clone_dtoh(&self.errors)?;
