@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The criterion suite on the GPU machine (from the repository root, after scripts/bundle):
 # every bench binary in the bundle, CSVs into $OUT/results.tar.gz (copy them to docs/results/
-# and run `cargo run -p report`). BENCHES="malloc_only free_only" picks some.
+# and run `cargo run -p report -- --out docs/benchmarks.md`). BENCHES="malloc_only free_only"
+# picks some.
 # Each bench gets at most LIMIT seconds (default 120) and the whole suite TOTAL seconds (default
 # 450, under the 8 minutes a lease allows): a bench that would start with less than MIN_LEFT
 # seconds of TOTAL left is skipped and says so. TOGA_BENCH_CUDA_CHURN=1 also times CUDA's malloc
