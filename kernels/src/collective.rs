@@ -1,4 +1,4 @@
-//! Collective synchronization: lane groups and the collective mutex.
+//! Collective synchronization: lane groups, the collective mutex, and single-flight work.
 //!
 //! A [`Group`] is the set of lanes of one warp that are active at the same call site and pass
 //! the same key (`match.any`); its lowest lane is the leader. UAlloc groups lanes that ask for
@@ -29,7 +29,7 @@
 //!   uniform over the group (branch only on values every member got from a broadcast).
 //! - On the host and under loom a warp is one lane: every group is `{lane 0}`.
 
-use crate::platform::{self, Atomic32, Backoff};
+use crate::platform::{self, Atomic32, BACKOFF_MIN_NS, Backoff};
 
 /// Lanes of one warp that act together. Copy it freely; it is two words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,9 +233,136 @@ impl Default for CollectiveMutex {
     }
 }
 
+/// The longest sleep of a thread waiting for a [`SingleFlight`] run to end.
+pub const JOIN_SLEEP_MAX_NS: u32 = 2048;
+
+/// Work that one thread does on behalf of every thread that asks for it meanwhile: the first
+/// caller runs it, callers that come while it runs wait for that run to end and share its
+/// result instead of running it again (INV(SF1)). UAlloc's `trim` goes through one, so that
+/// thousands of threads out of memory do not each walk every arena: before, each of them did,
+/// waiting in turn on every arena's trim lock (docs/ualloc.md). 8 bytes; zeroed memory is
+/// idle.
+///
+/// INV(SF1): a call returns the result of a run that ended after the call began (its own, or
+/// the one it joined), and everything that run did happens before the call returns.
+#[repr(C)]
+pub struct SingleFlight {
+    /// Runs finished (wrapping) times 2, plus 1 while a run is in progress: one word, so that
+    /// "a run is in progress" and "which run" change together.
+    state: Atomic32,
+    /// What the newest finished run returned.
+    result: Atomic32,
+}
+
+impl SingleFlight {
+    /// Idle (all-zero).
+    pub fn new() -> Self {
+        Self {
+            state: Atomic32::new(0),
+            result: Atomic32::new(0),
+        }
+    }
+
+    /// Run `work` unless a run is in progress; then wait for that run to end (sleeping between
+    /// looks) and return what it returned. `work` must not call this on the same
+    /// `SingleFlight`.
+    pub fn run_or_join(&self, work: impl FnOnce() -> u32) -> u32 {
+        match self.try_run(work) {
+            Ok(result) => result,
+            Err(running) => self.join(running),
+        }
+    }
+
+    /// Run `work` if no run is in progress and return its result; otherwise `Err` with the
+    /// state of the run in progress, for [`join`](Self::join).
+    pub fn try_run(&self, work: impl FnOnce() -> u32) -> Result<u32, u32> {
+        // Relaxed: a stale value only costs a failed CAS, which reads the newest one.
+        let mut state = self.state.load_relaxed();
+        while state & 1 == 0 {
+            // Idle: start a run. Acquire pairs with the previous run's release.
+            match self.state.compare_exchange_acq_rel(state, state | 1) {
+                Ok(_) => {
+                    let result = work();
+                    self.result.store_relaxed(result);
+                    // Release: the run's effects and its result happen before a joiner that
+                    // sees the new state. Only the runner writes while the bit is set.
+                    self.state.store_release(state.wrapping_add(2));
+                    return Ok(result);
+                }
+                Err(now) => state = now,
+            }
+        }
+        Err(state)
+    }
+
+    /// Wait until the run that `try_run` saw in progress (`running`) has ended, and return
+    /// what the newest run returned (INV(SF1)). A run walks every arena, so it takes
+    /// microseconds or more: sleep up to [`JOIN_SLEEP_MAX_NS`] between looks.
+    pub fn join(&self, running: u32) -> u32 {
+        let mut ns = BACKOFF_MIN_NS;
+        // Relaxed looks (no fence per look); the acquire comes after the last one.
+        while self.state.load_relaxed() == running {
+            platform::nanosleep(ns);
+            ns = (ns * 2).min(JOIN_SLEEP_MAX_NS);
+        }
+        // Acquire, with the look that saw the new state: pairs with the run's release.
+        platform::fence_acq_rel();
+        self.result.load_relaxed()
+    }
+
+    /// Whether a run is in progress (a snapshot, for assertions).
+    pub fn is_running(&self) -> bool {
+        self.state.load_relaxed() & 1 != 0
+    }
+}
+
+impl Default for SingleFlight {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// INV(SF1) under contention on CPU threads: every call returns a run that ended after it
+    /// began, runs never overlap, and callers that come together share runs.
+    #[test]
+    fn single_flight_shares_runs_among_concurrent_callers() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let gate = SingleFlight::new();
+        let (started, ended, inside) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
+        let calls = 16 * 50;
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        let before = ended.load(SeqCst);
+                        let got = gate.run_or_join(|| {
+                            assert_eq!(inside.fetch_add(1, SeqCst), 0, "runs overlap");
+                            let id = started.fetch_add(1, SeqCst) + 1;
+                            std::thread::sleep(std::time::Duration::from_micros(200));
+                            ended.store(id, SeqCst);
+                            inside.fetch_sub(1, SeqCst);
+                            id
+                        });
+                        assert!(
+                            got > before,
+                            "run {got} ended before the call (after {before})"
+                        );
+                        assert!(ended.load(SeqCst) >= got);
+                    }
+                });
+            }
+        });
+        let runs = started.load(SeqCst);
+        assert!(
+            runs < calls,
+            "{runs} runs for {calls} calls: nothing was shared"
+        );
+        assert!(!gate.is_running());
+    }
 
     #[test]
     fn host_group_is_one_lane() {

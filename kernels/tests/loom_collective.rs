@@ -1,4 +1,4 @@
-//! Loom models of the collective mutex (`collective.rs`). Run with
+//! Loom models of the collective mutex and of `SingleFlight` (`collective.rs`). Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --release --test loom_collective`.
 //!
 //! Under loom a warp is one lane, so a group of two members is modelled by two threads: one
@@ -13,9 +13,10 @@
 
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
+use loom::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use loom::thread;
 
-use toga_kernels::collective::{CollectiveMutex, Group};
+use toga_kernels::collective::{CollectiveMutex, Group, SingleFlight};
 
 struct Shared {
     mutex: CollectiveMutex,
@@ -134,5 +135,83 @@ fn try_acquire_respects_members() {
         // Before both left, the other thread cannot have entered; after, it may have.
         assert_eq!(get(&s.a), got as u32);
         assert!(!s.mutex.is_locked());
+    });
+}
+
+/// A [`SingleFlight`] model's shared state: `x` is written by the first run only (so a
+/// caller's read of it races with nothing but that write), `runs` counts runs, `ended` is the
+/// number of the newest run that ended.
+struct Flight {
+    gate: SingleFlight,
+    x: UnsafeCell<u32>,
+    runs: AtomicU32,
+    ended: AtomicU32,
+}
+
+/// The work: run number `n`; the first run writes `x`.
+fn flight(f: &Flight) -> u32 {
+    let n = f.runs.fetch_add(1, Relaxed) + 1;
+    if n == 1 {
+        // SAFETY: only the first run writes; loom checks every read is ordered after it.
+        f.x.with_mut(|v| unsafe { *v = 1 });
+    }
+    f.ended.store(n, Relaxed);
+    n
+}
+
+/// One caller: the run it got must have ended after the call began (INV(SF1)), and its
+/// effects (the first run's `x`) are visible without a race once the call returns.
+fn call(f: &Flight) -> u32 {
+    let before = f.ended.load(Relaxed);
+    let got = f.gate.run_or_join(|| flight(f));
+    assert!(
+        got > before,
+        "run {got} ended before the call began (after {before})"
+    );
+    assert_eq!(get(&f.x), 1, "the run's write is not visible to its caller");
+    got
+}
+
+/// INV(SF1) with two callers: each returns a run that ended after it began and sees its
+/// effects; runs never overlap (each is numbered once); a caller that joined shares the
+/// run's result; the gate ends idle. Loom explores both the join (one run) and runs in turn.
+#[test]
+fn single_flight_callers_share_a_run_or_run_in_turn() {
+    loom::model(|| {
+        let f = Arc::new(Flight {
+            gate: SingleFlight::new(),
+            x: UnsafeCell::new(0),
+            runs: AtomicU32::new(0),
+            ended: AtomicU32::new(0),
+        });
+        // Loom cannot finish a model in which the spawned thread spins (see the top): it tries
+        // once, and the main thread, which may join its run, spins.
+        let other = {
+            let f = f.clone();
+            thread::spawn(move || {
+                let before = f.ended.load(Relaxed);
+                let got = f.gate.try_run(|| flight(&f)).ok();
+                if let Some(got) = got {
+                    assert!(got > before);
+                    assert_eq!(get(&f.x), 1);
+                }
+                got
+            })
+        };
+        let got = call(&f);
+        let other_got = other.join().unwrap();
+        let runs = f.runs.load(Relaxed);
+        match (runs, other_got) {
+            // One run: the main thread's, the other found it running; or the other's, which
+            // the main thread joined and shares.
+            (1, None | Some(1)) => assert_eq!(got, 1),
+            // Runs in turn, each numbered once.
+            (2, Some(o)) => assert_eq!(got + o, 3, "runs overlap: {got} and {o}"),
+            _ => panic!("{runs} runs; main got {got}, the other {other_got:?}"),
+        }
+        assert!(
+            !f.gate.is_running(),
+            "runs {runs}, got {got}, other {other_got:?}"
+        );
     });
 }

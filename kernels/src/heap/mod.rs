@@ -22,6 +22,7 @@
 
 use core::ptr;
 
+use crate::collective::SingleFlight;
 use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
@@ -77,6 +78,10 @@ pub struct StatsShard {
 /// One counter alone on its cache line.
 #[repr(C, align(128))]
 pub struct Line(pub Atomic64);
+
+/// UAlloc's trim gate alone on its cache line (`UAlloc::with_trim_gate`).
+#[repr(C, align(128))]
+pub struct TrimGate(pub SingleFlight);
 
 /// Where everything is, computed on the host by [`Geometry::new`] and copied into the header.
 /// All offsets are from the heap's base address.
@@ -259,6 +264,8 @@ pub struct HeapHeader {
     pub grow_denied: Line,
     pub grows: Line,
     pub grow_failures: Line,
+    /// One trim of UAlloc at a time; threads out of memory meanwhile share its result.
+    pub trim_gate: TrimGate,
     pub buddy: TBuddyHeader,
 }
 
@@ -620,6 +627,7 @@ impl<'a> DeviceHeap<'a> {
                 data: self.data,
             },
         )
+        .with_trim_gate(&self.header.trim_gate.0)
     }
 
     fn shard(&self) -> &StatsShard {

@@ -51,6 +51,7 @@ mod refill;
 mod steal;
 mod validate;
 
+use crate::collective::SingleFlight;
 use crate::rcu::RcuHead;
 use crate::size_class::SizeClass;
 
@@ -98,6 +99,9 @@ pub enum FreeOutcome {
 pub struct UAlloc<'a, S: ChunkSource> {
     arenas: &'a [Arena],
     source: S,
+    /// Shared by every view of one heap: one [`trim`](Self::trim) walks the arenas at a time,
+    /// and callers meanwhile share its result ([`SingleFlight`]). `None`: each caller walks.
+    trim_gate: Option<&'a SingleFlight>,
 }
 
 /// Passes in [`alloc::ListClaimer`] before a walk of the bin list starts over: bounds the
@@ -113,7 +117,20 @@ impl<'a, S: ChunkSource> UAlloc<'a, S> {
     /// UAlloc over `arenas` (at least one; all-zero or [`Arena::new`]) and `source`.
     pub fn new(arenas: &'a [Arena], source: S) -> Self {
         debug_assert!(!arenas.is_empty());
-        Self { arenas, source }
+        Self {
+            arenas,
+            source,
+            trim_gate: None,
+        }
+    }
+
+    /// This view with `gate` in front of [`trim`](Self::trim): the heap gives every view the
+    /// same gate (`HeapHeader::trim_gate`).
+    pub fn with_trim_gate(self, gate: &'a SingleFlight) -> Self {
+        Self {
+            trim_gate: Some(gate),
+            ..self
+        }
     }
 
     /// The arenas.

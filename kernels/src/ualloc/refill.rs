@@ -141,12 +141,24 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// to its chunk, and every chunk left with no carved bin goes back to the source, each
     /// after its grace period (INV(UA4), INV(UA11)). Returns the bins retired plus the arenas
     /// whose deferred returns it ran. Safe alongside `malloc` and `free` (a bin claimed
-    /// meanwhile is kept); an arena another thread is trimming is skipped. `malloc` runs it
-    /// before it reports out of memory; the host runs it through `toga_trim`. Must not be
-    /// called inside a read section.
+    /// meanwhile is kept). `malloc` runs it before it reports out of memory; the host runs it
+    /// through `toga_trim`. Must not be called inside a read section.
+    ///
+    /// With a trim gate ([`with_trim_gate`](Self::with_trim_gate)), one trim walks the arenas
+    /// at a time: a caller that comes while one runs waits for it to end and returns what it
+    /// found (INV(SF1)).
     #[cold]
     #[inline(never)]
     pub fn trim(&self) -> u32 {
+        match self.trim_gate {
+            Some(gate) => gate.run_or_join(|| self.trim_arenas()),
+            None => self.trim_arenas(),
+        }
+    }
+
+    /// [`trim`](Self::trim)'s walk. An arena another thread is trimming is waited for, not
+    /// walked again.
+    fn trim_arenas(&self) -> u32 {
         let mut done = 0;
         for arena in self.arenas {
             if !arena.trimming.0.try_acquire(1) {
