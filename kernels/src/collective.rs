@@ -243,8 +243,8 @@ pub const JOIN_SLEEP_MAX_NS: u32 = 2048;
 /// waiting in turn on every arena's trim lock (docs/ualloc.md). 8 bytes; zeroed memory is
 /// idle.
 ///
-/// INV(SF1): a call returns the result of a run that ended after the call began (its own, or
-/// the one it joined), and everything that run did happens before the call returns.
+/// INV(SF1): `run_or_join` returns the result of a run that started after the call began (its
+/// own, or one it joined), and everything that run did happens before the call returns.
 #[repr(C)]
 pub struct SingleFlight {
     /// Runs finished (wrapping) times 2, plus 1 while a run is in progress: one word, so that
@@ -263,13 +263,25 @@ impl SingleFlight {
         }
     }
 
-    /// Run `work` unless a run is in progress; then wait for that run to end (sleeping between
-    /// looks) and return what it returned. `work` must not call this on the same
-    /// `SingleFlight`.
-    pub fn run_or_join(&self, work: impl FnOnce() -> u32) -> u32 {
-        match self.try_run(work) {
+    /// Run `work` unless a run is in progress; then wait for that run to end and for the one
+    /// after it, which started after this call began, and return what that one returned
+    /// (running it ourselves if no one else has started it). `work` must not call this on the
+    /// same `SingleFlight`.
+    ///
+    /// Joining only the run in progress would not do for a trim: that run may have passed the
+    /// arena whose bins this caller is missing before they were empty. The run after it is
+    /// shared too, by every caller that joined the first.
+    pub fn run_or_join(&self, work: impl Fn() -> u32) -> u32 {
+        match self.try_run(&work) {
             Ok(result) => result,
-            Err(running) => self.join(running),
+            Err(running) => {
+                self.join(running);
+                match self.try_run(&work) {
+                    Ok(result) => result,
+                    // Started after `running` ended, so after this call began.
+                    Err(next) => self.join(next),
+                }
+            }
         }
     }
 
@@ -296,7 +308,7 @@ impl SingleFlight {
     }
 
     /// Wait until the run that `try_run` saw in progress (`running`) has ended, and return
-    /// what the newest run returned (INV(SF1)). A run walks every arena, so it takes
+    /// what the newest run returned. A run walks every arena, so it takes
     /// microseconds or more: sleep up to [`JOIN_SLEEP_MAX_NS`] between looks.
     pub fn join(&self, running: u32) -> u32 {
         let mut ns = BACKOFF_MIN_NS;
@@ -326,8 +338,8 @@ impl Default for SingleFlight {
 mod tests {
     use super::*;
 
-    /// INV(SF1) under contention on CPU threads: every call returns a run that ended after it
-    /// began, runs never overlap, and callers that come together share runs.
+    /// INV(SF1) under contention on CPU threads: every call returns a run that started after
+    /// it began, runs never overlap, and callers that come together share runs.
     #[test]
     fn single_flight_shares_runs_among_concurrent_callers() {
         use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
@@ -338,7 +350,7 @@ mod tests {
             for _ in 0..16 {
                 s.spawn(|| {
                     for _ in 0..50 {
-                        let before = ended.load(SeqCst);
+                        let before = started.load(SeqCst);
                         let got = gate.run_or_join(|| {
                             assert_eq!(inside.fetch_add(1, SeqCst), 0, "runs overlap");
                             let id = started.fetch_add(1, SeqCst) + 1;
@@ -349,7 +361,7 @@ mod tests {
                         });
                         assert!(
                             got > before,
-                            "run {got} ended before the call (after {before})"
+                            "run {got} started before the call (after {before})"
                         );
                         assert!(ended.load(SeqCst) >= got);
                     }
