@@ -151,18 +151,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[inline(never)]
     pub fn trim(&self) -> u32 {
         match self.trim_gate {
-            Some(gate) => match gate.try_run(|| self.trim_arenas()) {
-                Ok(found) => found,
-                // Another thread is trimming. Wait it out, then run or share the next trim,
-                // which starts after this call began (INV(SF1)). Having waited counts as
-                // progress, as waiting on an arena another thread trimmed always did: the
-                // returns that trim set going may reach this arena only later, so a caller
-                // out of memory keeps its retries.
-                Err(running) => {
-                    gate.join(running);
-                    gate.run_or_join(|| self.trim_arenas()).max(1)
-                }
-            },
+            Some(gate) => gate.run_or_join(|| self.trim_arenas()),
             None => self.trim_arenas(),
         }
     }
