@@ -33,6 +33,7 @@
 
 // The crate doc shows a whole `build.rs`, whose `fn main` is the point.
 #![allow(clippy::needless_doctest_main)]
+#![warn(missing_docs)]
 
 use std::env;
 use std::ffi::OsString;
@@ -55,10 +56,17 @@ const LINKER_MODE_ENV: &str = "TOGA_PTX_LINKER_MODE";
 #[derive(Debug)]
 pub enum BuildError {
     /// A tool could not be started at all (cargo, rustc, or an LLVM tool).
-    Spawn { tool: String, error: std::io::Error },
+    Spawn {
+        /// The program.
+        tool: String,
+        /// Why it could not start.
+        error: std::io::Error,
+    },
     /// A tool ran and failed; its own diagnostics went to stderr already.
     Failed {
+        /// The program and what it built.
         tool: String,
+        /// How it ended.
         status: std::process::ExitStatus,
     },
     /// `llvm-tools` is not installed for this toolchain.
@@ -67,7 +75,9 @@ pub enum BuildError {
     NoOutput(PathBuf),
     /// Reading or writing a file failed.
     Io {
+        /// The file.
         path: PathBuf,
+        /// What went wrong.
         error: std::io::Error,
     },
 }
@@ -192,7 +202,8 @@ impl Builder {
             println!("cargo::rerun-if-env-changed=TOGA_PTX_ARCH");
             println!("cargo::rerun-if-env-changed=TOGA_PTX_TARGET_DIR");
         }
-        let target_dir = self.target_dir();
+        let lib_name = crate_lib_name(&manifest)?;
+        let target_dir = self.target_dir(&lib_name);
         let llvm_bin = llvm_tools_dir()?;
         let me = env::current_exe().map_err(|error| BuildError::Io {
             path: "current_exe".into(),
@@ -259,7 +270,6 @@ impl Builder {
             });
         }
 
-        let lib_name = crate_lib_name(&manifest)?;
         let built = target_dir
             .join(TARGET)
             .join("release")
@@ -290,13 +300,18 @@ impl Builder {
         Ok(result)
     }
 
-    fn target_dir(&self) -> PathBuf {
-        if let Some(dir) = env::var_os("TOGA_PTX_TARGET_DIR") {
-            return dir.into();
+    /// The inner build's target directory: `TOGA_PTX_TARGET_DIR` when set, else
+    /// `<outer target>/ptx-build/<crate>[+feature...]` (see [`build_dir_name`]). Builds with
+    /// different feature sets get directories of their own, so each also builds `core` once
+    /// for itself (about 20 s); a shared one would leave only the last build's PTX at the
+    /// path both read, and cargo may run two build scripts at once.
+    fn target_dir(&self, lib_name: &str) -> PathBuf {
+        let dir = build_dir_name(lib_name, &self.features);
+        if let Some(root) = env::var_os("TOGA_PTX_TARGET_DIR") {
+            return PathBuf::from(root).join(dir);
         }
-        // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out: share one inner target directory
-        // per outer target directory so `core` is built once.
-        match env::var_os("OUT_DIR") {
+        // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
+        let root = match env::var_os("OUT_DIR") {
             Some(out) => {
                 let out = PathBuf::from(out);
                 out.ancestors()
@@ -305,7 +320,8 @@ impl Builder {
                     .unwrap_or_else(|| out.join("ptx-build"))
             }
             None => self.crate_dir.join("target").join("ptx-build"),
-        }
+        };
+        root.join(dir)
     }
 }
 
@@ -356,31 +372,46 @@ fn crate_lib_name(manifest: &Path) -> Result<String, BuildError> {
         path: manifest.to_path_buf(),
         error,
     })?;
-    let mut section = String::new();
-    let mut package_name = None;
-    let mut lib_name = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            section = line.to_owned();
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let value = value.trim().trim_matches('"').to_owned();
-        match (section.as_str(), key.trim()) {
-            ("[package]", "name") => package_name = Some(value),
-            ("[lib]", "name") => lib_name = Some(value),
-            _ => {}
-        }
+    lib_name_of(&text).map_err(|why| BuildError::Io {
+        path: manifest.to_path_buf(),
+        error: std::io::Error::other(why),
+    })
+}
+
+/// [`crate_lib_name`] of a manifest's text.
+fn lib_name_of(manifest: &str) -> Result<String, String> {
+    let table: toml::Table = manifest.parse().map_err(|e| format!("not TOML: {e}"))?;
+    let name = |section: &str| {
+        table
+            .get(section)
+            .and_then(|s| s.get("name"))
+            .and_then(toml::Value::as_str)
+            .map(str::to_owned)
+    };
+    name("lib")
+        .or_else(|| name("package").map(|n| n.replace('-', "_")))
+        .ok_or_else(|| "no [package] name".to_owned())
+}
+
+/// The inner target directory's name for a crate built with `features`: one per crate and
+/// feature set, in any order, so that two builds of one crate with different features (toga's
+/// kernels, with and without `harness`) never overwrite each other's PTX.
+fn build_dir_name(lib_name: &str, features: &[String]) -> String {
+    let mut features: Vec<&str> = features.iter().map(String::as_str).collect();
+    features.sort_unstable();
+    features.dedup();
+    let mut name = lib_name.to_owned();
+    for f in features {
+        name.push('+');
+        name.extend(f.chars().map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        }));
     }
-    lib_name
-        .or(package_name.map(|n| n.replace('-', "_")))
-        .ok_or_else(|| BuildError::Io {
-            path: manifest.to_path_buf(),
-            error: std::io::Error::other("no [package] name"),
-        })
+    name
 }
 
 /// `$(rustc --print sysroot)/lib/rustlib/<host>/bin`, where `llvm-tools` installs its binaries.
@@ -439,5 +470,55 @@ mod tests {
         );
         assert!(dep_info_sources(&dir.join("missing.d")).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn lib_names_come_from_real_toml() {
+        let name = |text: &str| lib_name_of(text);
+        assert_eq!(
+            name("[package]\nname = \"my-kernels\""),
+            Ok("my_kernels".into())
+        );
+        // What a hand-written parser got wrong: an inline comment, single quotes, spacing,
+        // and a `name` key in another table.
+        assert_eq!(
+            name("[package]\nname = \"k\" # the kernels\n[dependencies]\nname = \"x\""),
+            Ok("k".into())
+        );
+        assert_eq!(name("[package]\n  name='my-k'  "), Ok("my_k".into()));
+        assert_eq!(
+            name("[package]\nname = \"a-b\"\n\n[lib]\nname = \"custom_lib\"\ntest = false"),
+            Ok("custom_lib".into())
+        );
+        assert_eq!(
+            name("package = { name = \"inline-table\" }"),
+            Ok("inline_table".into())
+        );
+        assert!(
+            name("[lib]\ntest = false")
+                .unwrap_err()
+                .contains("no [package] name")
+        );
+        assert!(
+            name("[package\nname = \"x\"")
+                .unwrap_err()
+                .contains("not TOML")
+        );
+    }
+
+    #[test]
+    fn each_feature_set_builds_in_its_own_directory() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(build_dir_name("toga_kernels", &[]), "toga_kernels");
+        assert_eq!(
+            build_dir_name("toga_kernels", &f(&["harness"])),
+            "toga_kernels+harness"
+        );
+        assert_eq!(
+            build_dir_name("k", &f(&["b", "a", "b"])),
+            build_dir_name("k", &f(&["a", "b"]))
+        );
+        assert_ne!(build_dir_name("k", &f(&["a"])), build_dir_name("k", &[]));
+        assert_eq!(build_dir_name("k", &f(&["dep/feat"])), "k+dep_feat");
     }
 }
