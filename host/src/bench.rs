@@ -4,8 +4,6 @@
 use toga::Gpu;
 use toga_harness::{Allocator, HeapState, MallocBench};
 
-use crate::Cli;
-
 const SIZES: [u32; 5] = [16, 64, 256, 1024, 4096];
 /// Timed repetitions per cell (after one warm-up); the table shows the median.
 const REPS: usize = 5;
@@ -29,8 +27,7 @@ fn median(mut v: Vec<f32>) -> f32 {
 }
 
 /// Print the table; `Ok(false)` if toga failed an allocation it should not have.
-pub fn run(gpu: &Gpu, cli: &Cli) -> toga::Result<bool> {
-    let threads = cli.threads;
+pub fn run(gpu: &Gpu, threads: u64) -> toga::Result<bool> {
     let heap = (threads * 4096 * 2).min(gpu.free_memory()? / 3);
     let mut b = MallocBench::new(gpu, threads, heap)?;
     println!(

@@ -16,7 +16,7 @@ use cudarc::driver::CudaStream;
 use toga::{Gpu, Heap, HeapStats};
 use toga_harness::{Workloads, block_bytes, time_ms, uniform_sizes};
 
-use crate::Cli;
+use crate::cli::GrowArgs;
 use crate::report::{Row, print_rows};
 
 /// The heap's first mapping (and so its release threshold): CUDA's default device-heap size.
@@ -432,19 +432,20 @@ fn trim_row(t: &Trim) -> Row {
 }
 
 /// `host grow`: the workload alone, with a table per round. `Ok(true)` when it verified.
-pub fn run(gpu: &Gpu, cli: &Cli, initial: u64, max: Option<u64>) -> toga::Result<bool> {
+pub fn run(gpu: &Gpu, args: &GrowArgs) -> toga::Result<bool> {
     let stream = gpu.default_stream();
-    let max = default_max(gpu, max)?;
+    let max = default_max(gpu, args.max)?;
+    let r = &args.run;
     let o = run_workload(
         gpu,
         &stream,
-        initial,
+        args.initial,
         max,
-        cli.threads,
-        cli.seed,
-        cli.host_growth,
+        r.threads,
+        r.seed,
+        r.host_growth,
     )?;
-    if cli.json {
+    if r.json {
         print_rows(
             &rows(&o),
             &[("growable".to_string(), o.stats.clone())],

@@ -1,8 +1,40 @@
-//! `cargo run -p host`: toga's stress harness. With no arguments it runs the standard suite on
-//! GPU 0 and prints one row per workload; it exits 1 if any verification fails, 2 when there is
-//! no GPU to run on.
+//! `cargo run -p host`: toga's stress harness.
+//!
+//! # Subcommands
+//!
+//! Each takes only its own flags (`host <COMMAND> --help`; docs/cli.md lists them all).
+//! Every one takes `--device` and `--timeout`.
+//!
+//! - `stress` (the default: `host` alone runs it, with its flags at the top level, e.g.
+//!   `host --threads 4096 --heap-size 64MiB --host-growth`): the verified workloads, one row
+//!   each; `--heap-size`, `--threads`, `--seed`, `--json`, `--host-growth`, `--workload`.
+//! - `bench`: a quick throughput table of toga, CUDA's device malloc and a bump allocator;
+//!   `--threads`.
+//! - `info`: the device, its memory, a heap's geometry and the size classes; `--heap-size`.
+//! - `scan`: one malloc and one free kernel per size and thread count, each with a time limit;
+//!   `--heap-size`, `--threads`, `--sizes`, `--no-exhaust`.
+//! - `grow`: a growable heap alone, grown under load and trimmed after; `--threads`, `--seed`,
+//!   `--json`, `--host-growth`, `--initial`, `--max`.
+//!
+//! # Exit codes
+//!
+//! One meaning each (the [`exit`] module, also shown by `host --help`):
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0 | success: everything ran and verified |
+//! | 1 | verification failure: a check found wrong data, a row did not verify |
+//! | 2 | usage error: a bad flag or value, before anything touches the GPU (clap's own code) |
+//! | 3 | no GPU: no CUDA driver, no device, or `--device` names one that does not exist |
+//! | 4 | timeout: a kernel did not finish (the `--timeout` watchdog, or `scan`'s limit per kernel) |
+//! | 5 | any other CUDA or heap error, e.g. a heap larger than the device's free memory |
+//!
+//! Codes 1 and 3 to 5 end with one line on stderr that says why, starting `host: ` (a
+//! verification failure also shows in the output: rows marked ✗, or a note of failed
+//! allocations); a usage error is clap's message.
 
 mod bench;
+mod cli;
 mod growable;
 mod report;
 mod scan;
@@ -10,111 +42,69 @@ mod workloads;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use toga::{Error, Gpu};
+use clap::Parser;
+use toga::Gpu;
 
-/// Exit code when there is no GPU or driver to run on.
-const EXIT_NO_GPU: u8 = 2;
-/// Exit code for any other failure: bad input, a failed verification, a CUDA error.
-const EXIT_FAILURE: u8 = 1;
+use crate::cli::{Cli, Command};
+
+/// The process's exit codes, one meaning each. [`TABLE`](exit::TABLE) is what `--help` shows;
+/// docs/cli.md and this crate's documentation repeat it.
+pub mod exit {
+    use toga::Error;
+
+    /// Everything ran and verified.
+    pub const SUCCESS: u8 = 0;
+    /// A verification failed: a check found wrong data, or a row did not verify.
+    pub const VERIFY_FAILED: u8 = 1;
+    /// A usage error: a bad flag or value (clap exits with this code itself).
+    pub const USAGE: u8 = 2;
+    /// No GPU to run on: no CUDA driver, no device, or `--device` out of range.
+    pub const NO_GPU: u8 = 3;
+    /// A kernel did not finish: the `--timeout` watchdog, or `scan`'s limit per kernel.
+    pub const TIMEOUT: u8 = 4;
+    /// Any other CUDA or heap error (a heap larger than the device's free memory, a driver
+    /// error, an unreadable `TOGA_PTX_FILE`, ...).
+    pub const CUDA_ERROR: u8 = 5;
+
+    /// The table `--help` shows after the flags.
+    pub const TABLE: &str = "Exit codes:
+  0  success: everything ran and verified
+  1  verification failure: a check found wrong data, a row did not verify
+  2  usage error: a bad flag or value (nothing touched the GPU)
+  3  no GPU: no CUDA driver, no device, or --device names one that does not exist
+  4  timeout: a kernel did not finish (the --timeout watchdog, or scan's limit per kernel)
+  5  any other CUDA or heap error, e.g. a heap larger than the device's free memory";
+
+    /// The exit code for an error of the run.
+    pub fn for_error(e: &Error) -> u8 {
+        match e {
+            Error::NoDriver | Error::NoDevice(_) | Error::DeviceOutOfRange { .. } => NO_GPU,
+            _ => CUDA_ERROR,
+        }
+    }
+}
+
 /// The default heap: the smaller of this and a quarter of free memory.
 const DEFAULT_HEAP_MAX: u64 = 1 << 30;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "host",
-    version,
-    about = "toga's stress harness: verifies and times the GPU allocator under contention"
-)]
-struct Cli {
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0, global = true)]
-    device: usize,
-    /// Heap size (data bytes), e.g. 512MiB or 2GiB. Default: the smaller of 1 GiB and a quarter
-    /// of free device memory.
-    #[arg(long, value_parser = parse_bytes, global = true)]
-    heap_size: Option<u64>,
-    /// Threads per workload kernel.
-    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)), global = true)]
-    threads: u64,
-    /// Seed for the random workloads.
-    #[arg(long, default_value_t = 0x7064, global = true)]
-    seed: u32,
-    /// Print results as JSON instead of a table.
-    #[arg(long, global = true)]
-    json: bool,
-    /// Give up (exit 1) if the whole run takes longer than this many seconds: a kernel that
-    /// never finishes cannot be interrupted otherwise.
-    #[arg(long, default_value_t = 300, global = true)]
-    timeout: u64,
-    /// Run only this workload (see `stress --help` for the names).
-    #[arg(long, value_enum, global = true)]
-    workload: Option<workloads::Kind>,
-    /// Growable heap workload: grow the heap from the host before each round instead of from
-    /// inside the kernels. For compute-sanitizer memcheck, which does not see memory mapped
-    /// while a kernel runs (docs/growable.md).
-    #[arg(long, global = true)]
-    host_growth: bool,
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Subcommand, Debug, Clone)]
-enum Command {
-    /// Run the verified workloads (the default).
-    Stress,
-    /// Quick throughput table: toga, CUDA's device malloc and a bump allocator, same run.
-    Bench,
-    /// Device, SMs, memory, heap geometry and size classes.
-    Info,
-    /// One malloc and one free kernel per size and thread count (2^8 up to --threads), each
-    /// with a time limit: where does the allocator stop scaling?
-    Scan {
-        /// Sizes to scan, in bytes (default: 16, 256, 2048, 4096, 65536 and 1 MiB).
-        #[arg(long, value_delimiter = ',')]
-        sizes: Vec<u32>,
-        /// Skip the out-of-memory round trip that opens the scan.
-        #[arg(long)]
-        no_exhaust: bool,
-    },
-    /// A growable heap alone: start small, grow under load, trim after; a table per round.
-    ///
-    /// Rounds of --threads / 16, --threads / 4 and --threads threads (16–4096 B each, every
-    /// pattern checked, exact counts) grow the heap inside the kernels; once all is free, a
-    /// trim and a synchronize must take it back to --initial, and one more round must work.
-    Grow {
-        /// Bytes mapped at creation, and the release threshold a trim goes back to, e.g. 8MiB.
-        #[arg(long, value_parser = parse_bytes, default_value = "8MiB")]
-        initial: u64,
-        /// Bytes the heap may grow to, e.g. 4GiB. Default: the smaller of 4 GiB and half the
-        /// free device memory.
-        #[arg(long, value_parser = parse_bytes)]
-        max: Option<u64>,
-    },
-}
-
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    parse_size::Config::new()
-        .with_binary()
-        .parse_size(s)
-        .map_err(|e| format!("{e} (try 512MiB or 2GiB)"))
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    watchdog(cli.timeout);
-    match run(&cli) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(EXIT_FAILURE),
-        Err(e @ (Error::NoDriver | Error::NoDevice(_))) => {
-            eprintln!("host: {e}");
-            ExitCode::from(EXIT_NO_GPU)
+    let command = cli.command.unwrap_or(Command::Stress(cli.stress));
+    if let Err(e) = command.validate() {
+        e.exit();
+    }
+    watchdog(command.common().timeout);
+    ExitCode::from(match run(command) {
+        Ok(true) => exit::SUCCESS,
+        Ok(false) => {
+            eprintln!("host: verification failed (see the output above)");
+            exit::VERIFY_FAILED
         }
         Err(e) => {
             eprintln!("host: {e}");
-            ExitCode::from(EXIT_FAILURE)
+            exit::for_error(&e)
         }
-    }
+    })
 }
 
 /// A GPU kernel that never finishes blocks the host forever in the next synchronization; after
@@ -123,34 +113,49 @@ fn watchdog(seconds: u64) {
     std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_secs(seconds));
         eprintln!("host: gave up after {seconds} s: a kernel did not finish (see --timeout)");
-        std::process::exit(EXIT_FAILURE as i32);
+        std::process::exit(exit::TIMEOUT as i32);
     });
 }
 
-/// Ok(true) when everything verified.
-fn run(cli: &Cli) -> toga::Result<bool> {
-    let command = cli.command.clone().unwrap_or(Command::Stress);
-    // Sizes that can never work are refused before touching the GPU.
-    if let Some(bytes) = cli.heap_size {
-        toga::heap::check_heap_size(bytes)?;
+/// The heap to use: `--heap-size`, or the smaller of [`DEFAULT_HEAP_MAX`] and a quarter of free
+/// memory.
+fn heap_size(gpu: &Gpu, asked: Option<u64>) -> toga::Result<u64> {
+    match asked {
+        Some(s) => Ok(s),
+        None => Ok(DEFAULT_HEAP_MAX.min(gpu.free_memory()? / 4)),
     }
-    // Only the bench needs CUDA's own malloc heap, which must be sized before the module loads.
-    let gpu = match &command {
-        Command::Bench => {
-            toga_harness::open_with_cuda_heap(cli.device, bench::cuda_malloc_heap(cli.threads))?
-        }
-        _ => toga_harness::open(cli.device)?,
-    };
-    let heap_size = match cli.heap_size {
-        Some(s) => s,
-        None => DEFAULT_HEAP_MAX.min(gpu.free_memory()? / 4),
-    };
+}
+
+/// Ok(true) when everything verified.
+fn run(command: Command) -> toga::Result<bool> {
+    let device = command.common().device;
     match command {
-        Command::Info => info(&gpu, heap_size).map(|_| true),
-        Command::Stress => workloads::stress(&gpu, heap_size, cli),
-        Command::Bench => bench::run(&gpu, cli),
-        Command::Scan { sizes, no_exhaust } => scan::run(&gpu, heap_size, cli, &sizes, !no_exhaust),
-        Command::Grow { initial, max } => growable::run(&gpu, cli, initial, max),
+        Command::Stress(a) => {
+            let gpu = toga_harness::open(device)?;
+            let bytes = heap_size(&gpu, a.heap.heap_size)?;
+            workloads::stress(&gpu, bytes, &a)
+        }
+        // Only the bench needs CUDA's own malloc heap, which must be sized before the module
+        // loads.
+        Command::Bench(a) => {
+            let gpu =
+                toga_harness::open_with_cuda_heap(device, bench::cuda_malloc_heap(a.threads))?;
+            bench::run(&gpu, a.threads)
+        }
+        Command::Info(a) => {
+            let gpu = toga_harness::open(device)?;
+            let bytes = heap_size(&gpu, a.heap.heap_size)?;
+            info(&gpu, bytes).map(|_| true)
+        }
+        Command::Scan(a) => {
+            let gpu = toga_harness::open(device)?;
+            let bytes = heap_size(&gpu, a.heap.heap_size)?;
+            scan::run(&gpu, bytes, a.threads, &a.sizes, !a.no_exhaust)
+        }
+        Command::Grow(a) => {
+            let gpu = toga_harness::open(device)?;
+            growable::run(&gpu, &a)
+        }
     }
 }
 
@@ -201,4 +206,51 @@ fn info(gpu: &Gpu, heap_size: u64) -> toga::Result<()> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exit;
+
+    #[test]
+    fn exit_codes_are_distinct_and_all_in_the_table() {
+        let codes = [
+            exit::SUCCESS,
+            exit::VERIFY_FAILED,
+            exit::USAGE,
+            exit::NO_GPU,
+            exit::TIMEOUT,
+            exit::CUDA_ERROR,
+        ];
+        for (i, c) in codes.iter().enumerate() {
+            assert_eq!(*c as usize, i, "codes are 0, 1, 2, ... in this order");
+            assert!(exit::TABLE.contains(&format!("\n  {c}  ")), "{c} missing");
+        }
+        assert_eq!(exit::TABLE.lines().count(), codes.len() + 1);
+    }
+
+    #[test]
+    fn clap_usage_errors_exit_with_the_usage_code() {
+        use clap::Parser;
+        let e = super::Cli::try_parse_from(["host", "--turbo"]).unwrap_err();
+        assert_eq!(e.exit_code(), exit::USAGE as i32);
+    }
+
+    #[test]
+    fn no_gpu_errors_have_their_own_code() {
+        use toga::Error;
+        assert_eq!(exit::for_error(&Error::NoDriver), exit::NO_GPU);
+        assert_eq!(exit::for_error(&Error::NoDevice("x".into())), exit::NO_GPU);
+        let out = Error::DeviceOutOfRange {
+            ordinal: 9,
+            count: 1,
+        };
+        assert_eq!(exit::for_error(&out), exit::NO_GPU);
+        let big = Error::HeapTooLarge {
+            requested: 2,
+            limit: 1,
+            why: "free device memory",
+        };
+        assert_eq!(exit::for_error(&big), exit::CUDA_ERROR);
+    }
 }

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaStream, sys};
 use toga::{Gpu, Heap};
 use toga_harness::Workloads;
 
-use crate::Cli;
+use crate::exit;
 
 const SIZES: [u32; 6] = [16, 256, 2048, 4096, 65536, 1 << 20];
 /// How long one kernel may take before the scan gives up.
@@ -151,11 +151,15 @@ impl Drop for Probe {
     }
 }
 
-/// A kernel is stuck: end the process now. Dropping the heap or the context would wait for the
-/// kernel forever.
+/// A kernel is stuck: end the process now, with [`exit::TIMEOUT`]. Dropping the heap or the
+/// context would wait for the kernel forever.
 fn stuck() -> ! {
     println!("scan: a kernel is stuck; exiting without waiting for it");
-    std::process::exit(3)
+    eprintln!(
+        "host: a kernel did not finish within {} s (scan's limit per kernel)",
+        KERNEL_LIMIT.as_secs()
+    );
+    std::process::exit(exit::TIMEOUT as i32)
 }
 
 fn check(r: sys::CUresult) -> toga::Result<()> {
@@ -203,8 +207,8 @@ fn print_arenas(raw: &[u8], arenas: usize, arena_bytes: usize) {
 }
 
 /// Out of memory and back, twice: `2k` one-page requests on a heap of `k` pages; exactly `k`
-/// must succeed. `Ok(false)` if a kernel did not finish.
-fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<bool> {
+/// must succeed (the line says how many did). A kernel that does not finish ends the process.
+fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<()> {
     let capacity = 64u64 << 20;
     let k = capacity / 4096;
     let heap = Heap::new(gpu, stream, capacity)?;
@@ -236,15 +240,16 @@ fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<b
             2 * k
         );
     }
-    Ok(true)
+    Ok(())
 }
 
-/// Print the scan; `Ok(false)` at the first kernel that does not finish (the process must end
-/// then: the GPU is still running it).
+/// Print the scan. The first kernel that does not finish within [`KERNEL_LIMIT`] ends the
+/// process with [`exit::TIMEOUT`], after what the heap shows (the GPU is still running it).
+/// `Ok(true)` otherwise: the scan times, it does not verify.
 pub fn run(
     gpu: &Gpu,
     heap_size: u64,
-    cli: &Cli,
+    threads: u64,
     sizes: &[u32],
     exhaustion: bool,
 ) -> toga::Result<bool> {
@@ -261,10 +266,10 @@ pub fn run(
         "{:>8} {:>9} {:>12} {:>12} {:>9} {:>12}",
         "size", "threads", "malloc ms", "free ms", "failed", "reserved MiB"
     );
-    if exhaustion && !exhaust(gpu, &w, &stream)? {
-        return Ok(false);
+    if exhaustion {
+        exhaust(gpu, &w, &stream)?;
     }
-    let max_log = 63 - cli.threads.leading_zeros();
+    let max_log = 63 - threads.leading_zeros();
     for &size in sizes {
         for log in (8..=max_log).step_by(2) {
             let n = 1u64 << log;
@@ -280,8 +285,7 @@ pub fn run(
                     KERNEL_LIMIT.as_secs()
                 );
                 probe.print(&heap, &ptrs)?;
-                std::mem::forget(probe);
-                return Ok(false);
+                stuck();
             };
             let failed = stream
                 .clone_dtoh(&ptrs)?
@@ -297,8 +301,7 @@ pub fn run(
                     KERNEL_LIMIT.as_secs()
                 );
                 probe.print(&heap, &ptrs)?;
-                std::mem::forget(probe);
-                return Ok(false);
+                stuck();
             };
             println!(
                 "{size:>8} {n:>9} {malloc_ms:>12.4} {free_ms:>12.4} {failed:>9} {reserved_mib:>12.1}"

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use toga::{Gpu, Heap, HeapStats};
 use toga_harness::{Workloads, time_ms, uniform_sizes};
 
-use crate::Cli;
+use crate::cli::StressArgs;
 use crate::report::{Row, print_header, print_row, print_rows};
 
 /// The workloads, in the order the suite runs them.
@@ -53,7 +53,8 @@ struct Ctx<'a> {
 }
 
 /// Run the suite; `Ok(true)` when every row verified.
-pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
+pub fn stress(gpu: &Gpu, heap_size: u64, args: &StressArgs) -> toga::Result<bool> {
+    let json = args.run.json;
     let stream = gpu.default_stream();
     let heap = Heap::new(gpu, &stream, heap_size)?;
     let mut ctx = Ctx {
@@ -61,15 +62,15 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
         stream,
         heap,
         w: Workloads::new(gpu)?,
-        threads: cli.threads,
-        seed: cli.seed,
-        host_growth: cli.host_growth,
+        threads: args.run.threads,
+        seed: args.run.seed,
+        host_growth: args.run.host_growth,
     };
-    let kinds: Vec<Kind> = match cli.workload {
+    let kinds: Vec<Kind> = match args.workload {
         Some(k) => vec![k],
         None => ALL.to_vec(),
     };
-    let bar = if cli.json {
+    let bar = if json {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(kinds.len() as u64)
@@ -80,7 +81,7 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(100));
     let i = gpu.info();
-    if !cli.json {
+    if !json {
         println!(
             "{} ({} SMs), heap {} MiB, {} threads per kernel",
             i.name,
@@ -91,7 +92,7 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
     }
     let mut rows = Vec::new();
     let mut stats = Vec::new();
-    if !cli.json {
+    if !json {
         // Rows appear as workloads finish, so a slow or stuck one is visible at once.
         print_header();
     }
@@ -128,7 +129,7 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
             ctx.heap.reset(&ctx.stream)?;
         }
         let s = own_stats.unwrap_or(s);
-        if !cli.json {
+        if !json {
             bar.suspend(|| {
                 new_rows.iter().for_each(print_row);
                 print_stats(kind, &s)
@@ -139,7 +140,7 @@ pub fn stress(gpu: &Gpu, heap_size: u64, cli: &Cli) -> toga::Result<bool> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    if cli.json {
+    if json {
         print_rows(&rows, &stats, true);
     }
     Ok(rows.iter().all(|r| r.verified))
