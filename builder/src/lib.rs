@@ -29,7 +29,8 @@
 //! # Environment
 //! - `TOGA_PTX_ARCH` overrides the target architecture (default `sm_70`, which the driver JIT-compiles
 //!   for any newer GPU; `sm_90` targets Hopper directly).
-//! - `TOGA_PTX_TARGET_DIR` overrides the inner build's target directory.
+//! - `TOGA_PTX_TARGET_DIR` overrides where the inner builds go (default `<outer target>/ptx-build`);
+//!   each crate and feature set still builds in a directory of its own under it.
 
 // The crate doc shows a whole `build.rs`, whose `fn main` is the point.
 #![allow(clippy::needless_doctest_main)]
@@ -166,7 +167,8 @@ impl Builder {
         self
     }
 
-    /// Cargo features of the kernel crate to enable.
+    /// Cargo features of the kernel crate to enable: one, or several separated by commas or
+    /// spaces, as `cargo --features` takes them.
     pub fn feature(mut self, feature: &str) -> Self {
         self.features.push(feature.to_owned());
         self
@@ -300,11 +302,12 @@ impl Builder {
         Ok(result)
     }
 
-    /// The inner build's target directory: `TOGA_PTX_TARGET_DIR` when set, else
-    /// `<outer target>/ptx-build/<crate>[+feature...]` (see [`build_dir_name`]). Builds with
-    /// different feature sets get directories of their own, so each also builds `core` once
-    /// for itself (about 20 s); a shared one would leave only the last build's PTX at the
-    /// path both read, and cargo may run two build scripts at once.
+    /// The inner build's target directory: `<root>/<crate>[+feature...]` (see
+    /// [`build_dir_name`]), where `<root>` is `TOGA_PTX_TARGET_DIR` when set, else
+    /// `<outer target>/ptx-build`. Builds with different feature sets get directories of their
+    /// own, so each also builds `core` once for itself (about 20 s); a shared one would leave
+    /// only the last build's PTX at the path both read, and cargo may run two build scripts at
+    /// once.
     fn target_dir(&self, lib_name: &str) -> PathBuf {
         let dir = build_dir_name(lib_name, &self.features);
         if let Some(root) = env::var_os("TOGA_PTX_TARGET_DIR") {
@@ -396,20 +399,28 @@ fn lib_name_of(manifest: &str) -> Result<String, String> {
 /// The inner target directory's name for a crate built with `features`: one per crate and
 /// feature set, in any order, so that two builds of one crate with different features (toga's
 /// kernels, with and without `harness`) never overwrite each other's PTX.
+///
+/// Features given together (`"a,b"`, `"a b"`) count one by one, as cargo reads them. A byte
+/// other than an ASCII letter, digit, `-` or `_` (the `/` of `dep/feature`, say) is written as
+/// `%XX`, so that two different feature sets never share a name.
 fn build_dir_name(lib_name: &str, features: &[String]) -> String {
-    let mut features: Vec<&str> = features.iter().map(String::as_str).collect();
+    let mut features: Vec<&str> = features
+        .iter()
+        .flat_map(|f| f.split(|c: char| c == ',' || c.is_whitespace()))
+        .filter(|f| !f.is_empty())
+        .collect();
     features.sort_unstable();
     features.dedup();
     let mut name = lib_name.to_owned();
     for f in features {
         name.push('+');
-        name.extend(f.chars().map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
+        for b in f.bytes() {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                name.push(char::from(b));
             } else {
-                '_'
+                name.push_str(&format!("%{b:02X}"));
             }
-        }));
+        }
     }
     name
 }
@@ -519,6 +530,19 @@ mod tests {
             build_dir_name("k", &f(&["a", "b"]))
         );
         assert_ne!(build_dir_name("k", &f(&["a"])), build_dir_name("k", &[]));
-        assert_eq!(build_dir_name("k", &f(&["dep/feat"])), "k+dep_feat");
+        assert_eq!(build_dir_name("k", &f(&["dep/feat"])), "k+dep%2Ffeat");
+        assert_ne!(
+            build_dir_name("k", &f(&["dep/feat"])),
+            build_dir_name("k", &f(&["dep_feat"]))
+        );
+        // Features given together are the same set as features given one by one.
+        assert_eq!(
+            build_dir_name("k", &f(&["b,a", " c"])),
+            build_dir_name("k", &f(&["a", "b", "c"]))
+        );
+        assert_eq!(
+            build_dir_name("k", &f(&["a b"])),
+            build_dir_name("k", &f(&["b", "a"]))
+        );
     }
 }
