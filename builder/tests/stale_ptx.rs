@@ -50,6 +50,14 @@ pub unsafe extern "ptx-kernel" fn write_magic(out: *mut u32) {
 }
 "#,
     );
+    // toga's lock file pins the builder's dependencies to the versions toga builds with, which
+    // its own build has already downloaded.
+    std::fs::create_dir_all(root.join("user")).unwrap();
+    std::fs::copy(
+        Path::new(TOGA).join("../Cargo.lock"),
+        root.join("user/Cargo.lock"),
+    )
+    .unwrap();
     let builder = Path::new(TOGA).display().to_string();
     write(
         &root.join("user/Cargo.toml"),
