@@ -347,10 +347,16 @@ fn grow_initial_above_max_is_refused() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn info_runs_on_the_gpu() {
+    succeeds_on_the_gpu("info", &["SMs", "heap:", "size classes", "heap check"]);
+}
+
+/// `host <subcommand> --device N` on the test GPU exits 0 and prints each of `words`; returns
+/// its stdout.
+fn succeeds_on_the_gpu(subcommand: &str, words: &[&str]) -> String {
     // Opened only to fail loudly without one; host opens its own.
     let (gpu, device) = gpu();
     drop(gpu);
-    let o = host(&["info", "--device", &device]);
+    let o = host(&[subcommand, "--device", &device]);
     let out = stdout(&o);
     assert_eq!(
         o.status.code(),
@@ -358,9 +364,10 @@ fn info_runs_on_the_gpu() {
         "stdout: {out}\nstderr: {}",
         stderr(&o)
     );
-    for word in ["SMs", "heap:", "size classes", "heap check"] {
+    for word in words {
         assert!(out.contains(word), "{word:?} missing from: {out}");
     }
+    out
 }
 
 /// A heap that toga could make but this device cannot hold now: this test holds all but 2 GiB
@@ -400,19 +407,6 @@ fn heap_above_free_device_memory_is_refused() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn grow_runs_and_verifies() {
-    // Opened only to fail loudly without one; host opens its own.
-    let (gpu, device) = gpu();
-    drop(gpu);
-    let o = host(&["grow", "--device", &device]);
-    let out = stdout(&o);
-    assert_eq!(
-        o.status.code(),
-        Some(SUCCESS),
-        "stdout: {out}\nstderr: {}",
-        stderr(&o)
-    );
-    for word in ["round 3", "trim", "after trim", "growths"] {
-        assert!(out.contains(word), "{word:?} missing from: {out}");
-    }
+    let out = succeeds_on_the_gpu("grow", &["round 3", "trim", "after trim", "growths"]);
     assert!(!out.contains('✗'), "{out}");
 }
