@@ -25,9 +25,9 @@ fn without_vmm_a_growable_heap_is_a_fixed_heap_of_its_maximum() {
     ));
     let w = toga_harness::Workloads::new(&gpu).unwrap();
     let mut ptrs = stream.alloc_zeros::<u64>(1 << 16).unwrap();
-    w.malloc(&stream, &heap, &mut ptrs, 256).unwrap();
+    w.malloc(&stream, Some(&heap), &mut ptrs, 256).unwrap();
     let host = stream.clone_dtoh(&ptrs).unwrap();
     assert!(host.iter().all(|&p| p != 0));
-    w.free(&stream, &heap, &ptrs).unwrap();
+    w.free(&stream, Some(&heap), &ptrs).unwrap();
     assert_eq!(heap.stats(&stream).unwrap().live_blocks(), 0);
 }

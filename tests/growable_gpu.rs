@@ -209,7 +209,7 @@ fn host_side_growth_and_a_trim_that_keeps_live_blocks() {
         .map(|(i, &p)| if i % 2 == 1 { p } else { 0 })
         .collect();
     let d_odd = stream.clone_htod(&odd).unwrap();
-    w.free(&stream, &heap, &d_odd).unwrap();
+    w.free(&stream, Some(&heap), &d_odd).unwrap();
     let before = heap.stats(&stream).unwrap();
     let released = heap.trim_to(&stream, 0).unwrap();
     let after = heap.stats(&stream).unwrap();
@@ -251,7 +251,7 @@ fn a_free_into_an_unmapped_granule_is_counted_and_harmless() {
         data + 63 * MIB + 48,
     ];
     let d_bad = stream.clone_htod(&bad).unwrap();
-    w.free(&stream, &heap, &d_bad).unwrap();
+    w.free(&stream, Some(&heap), &d_bad).unwrap();
     let s = heap.stats(&stream).unwrap();
     assert_eq!(s.invalid_frees + s.double_frees, bad.len() as u64, "{s:?}");
     assert_eq!(s.mapped_bytes, 2 * MIB);

@@ -333,8 +333,8 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
     let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
     assert!(host_ptrs.iter().all(|&p| p != 0));
     // Free everything, then free it all again.
-    w.free(&stream, &heap, &ptrs).unwrap();
-    w.free(&stream, &heap, &ptrs).unwrap();
+    w.free(&stream, Some(&heap), &ptrs).unwrap();
+    w.free(&stream, Some(&heap), &ptrs).unwrap();
     // Foreign pointers: outside the heap, inside a block, inside the metadata, and null.
     let data = heap.base() + heap.geometry().data_offset;
     let foreign = stream
@@ -347,7 +347,7 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
             0,
         ])
         .unwrap();
-    w.free(&stream, &heap, &foreign).unwrap();
+    w.free(&stream, Some(&heap), &foreign).unwrap();
     let s = heap.stats(&stream).unwrap();
     assert_eq!(s.double_frees + s.invalid_frees, n as u64 + 5, "{s:?}");
     // Every large block's second free is recognised as a double free (its table entry is clear).

@@ -208,23 +208,24 @@ impl Workloads {
         }
     }
 
-    /// Thread `i`: `ptrs[i] = malloc(size)` and nothing else (the benchmark kernel).
+    /// Thread `i`: `ptrs[i] = malloc(size)` and nothing else (the benchmark kernel), from
+    /// `heap`, or from CUDA's device `malloc` when `None` (the context's heap limit must have
+    /// been raised with [`crate::open_with_cuda_heap`]).
     pub fn malloc(
         &self,
         stream: &Arc<CudaStream>,
-        heap: &Heap,
+        heap: Option<&Heap>,
         ptrs: &mut CudaSlice<u64>,
         size: u32,
     ) -> Result<()> {
         let n = ptrs.len() as u64;
+        let config = launch_config(n);
         // SAFETY: `ptrs` has `n` elements.
         unsafe {
-            launch!(
-                stream,
-                self.malloc,
-                launch_config(n),
-                [&heap.base(), ptrs, &size, &n]
-            )
+            match heap {
+                Some(h) => launch!(stream, self.malloc, config, [&h.base(), ptrs, &size, &n]),
+                None => launch!(stream, self.cuda_malloc, config, [ptrs, &size, &n]),
+            }
         }
     }
 
@@ -256,17 +257,22 @@ impl Workloads {
         }
     }
 
-    /// Thread `i`: `free(ptrs[i])`.
-    pub fn free(&self, stream: &Arc<CudaStream>, heap: &Heap, ptrs: &CudaSlice<u64>) -> Result<()> {
+    /// Thread `i`: `free(ptrs[i])`, into `heap`, or CUDA's device `free` when `None`.
+    pub fn free(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: Option<&Heap>,
+        ptrs: &CudaSlice<u64>,
+    ) -> Result<()> {
         let n = ptrs.len() as u64;
-        // SAFETY: `ptrs` came from `malloc` on this heap.
+        let config = launch_config(n);
+        // SAFETY: `ptrs` came from `malloc` on the same allocator (or are foreign on purpose:
+        // toga counts those).
         unsafe {
-            launch!(
-                stream,
-                self.free,
-                launch_config(n),
-                [&heap.base(), ptrs, &n]
-            )
+            match heap {
+                Some(h) => launch!(stream, self.free, config, [&h.base(), ptrs, &n]),
+                None => launch!(stream, self.cuda_free, config, [ptrs, &n]),
+            }
         }
     }
 
@@ -288,33 +294,6 @@ impl Workloads {
                 [&heap.base(), &size, &n, errors]
             )
         }
-    }
-
-    /// Baseline: CUDA's device `malloc` (the context's heap limit must have been raised with
-    /// [`crate::open_with_cuda_heap`]).
-    pub fn cuda_malloc(
-        &self,
-        stream: &Arc<CudaStream>,
-        ptrs: &mut CudaSlice<u64>,
-        size: u32,
-    ) -> Result<()> {
-        let n = ptrs.len() as u64;
-        // SAFETY: `ptrs` has `n` elements.
-        unsafe {
-            launch!(
-                stream,
-                self.cuda_malloc,
-                launch_config(n),
-                [ptrs, &size, &n]
-            )
-        }
-    }
-
-    /// Baseline: CUDA's device `free` of what `cuda_malloc` returned.
-    pub fn cuda_free(&self, stream: &Arc<CudaStream>, ptrs: &CudaSlice<u64>) -> Result<()> {
-        let n = ptrs.len() as u64;
-        // SAFETY: `ptrs` came from `cuda_malloc`.
-        unsafe { launch!(stream, self.cuda_free, launch_config(n), [ptrs, &n]) }
     }
 
     /// Baseline: one `atom.add` per thread on `bump[0]`, handing out 16-byte-rounded pieces of
@@ -569,22 +548,14 @@ impl MallocBench {
     /// One iteration: set up `state`, time the malloc kernel, time the free kernel.
     pub fn run(&mut self, alloc: Allocator, size: u32, state: HeapState) -> Result<Timing> {
         let s = self.stream.clone();
-        match alloc {
-            Allocator::Toga => {
-                self.heap.reset(&s)?;
-                if state == HeapState::Warm {
-                    self.w.malloc(&s, &self.heap, &mut self.ptrs, size)?;
-                    self.w.free(&s, &self.heap, &self.ptrs)?;
-                }
-            }
-            Allocator::CudaMalloc => {
-                if state == HeapState::Warm {
-                    self.w.cuda_malloc(&s, &mut self.ptrs, size)?;
-                    self.w.cuda_free(&s, &self.ptrs)?;
-                }
-            }
-            // No state: every iteration starts at offset 0.
-            Allocator::Bump => {}
+        if alloc == Allocator::Toga {
+            self.heap.reset(&s)?;
+        }
+        // The bump allocator has no state: every iteration starts at offset 0.
+        if alloc != Allocator::Bump && state == HeapState::Warm {
+            let heap = (alloc == Allocator::Toga).then_some(&self.heap);
+            self.w.malloc(&s, heap, &mut self.ptrs, size)?;
+            self.w.free(&s, heap, &self.ptrs)?;
         }
         self.run_steady(alloc, size)
     }
@@ -596,46 +567,38 @@ impl MallocBench {
     /// freed this size class before.
     pub fn run_steady(&mut self, alloc: Allocator, size: u32) -> Result<Timing> {
         let s = self.stream.clone();
-        let (malloc_ms, free_ms) = match alloc {
-            Allocator::Toga => {
-                let m = time_ms(&s, || self.w.malloc(&s, &self.heap, &mut self.ptrs, size))?;
-                let failed = self.failed()?;
-                let f = time_ms(&s, || self.w.free(&s, &self.heap, &self.ptrs))?;
-                return Ok(Timing {
-                    malloc_ms: m,
-                    free_ms: f,
-                    failed,
-                });
-            }
-            Allocator::CudaMalloc => {
-                let m = time_ms(&s, || self.w.cuda_malloc(&s, &mut self.ptrs, size))?;
-                let failed = self.failed()?;
-                let f = time_ms(&s, || self.w.cuda_free(&s, &self.ptrs))?;
-                return Ok(Timing {
-                    malloc_ms: m,
-                    free_ms: f,
-                    failed,
-                });
-            }
-            Allocator::Bump => {
-                s.memset_zeros(&mut self.bump)?;
-                let m = time_ms(&s, || {
-                    self.w.bump_malloc(
-                        &s,
-                        &mut self.ptrs,
-                        size,
-                        &mut self.bump,
-                        1 << 40,
-                        u64::MAX >> 1,
-                    )
-                })?;
-                (m, 0.0)
-            }
-        };
+        if alloc == Allocator::Bump {
+            let malloc_ms = self.bump(size)?;
+            return Ok(Timing {
+                malloc_ms,
+                free_ms: 0.0,
+                failed: self.failed()?,
+            });
+        }
+        let heap = (alloc == Allocator::Toga).then_some(&self.heap);
+        let malloc_ms = time_ms(&s, || self.w.malloc(&s, heap, &mut self.ptrs, size))?;
+        let failed = self.failed()?;
+        let free_ms = time_ms(&s, || self.w.free(&s, heap, &self.ptrs))?;
         Ok(Timing {
             malloc_ms,
             free_ms,
-            failed: self.failed()?,
+            failed,
+        })
+    }
+
+    /// The bump baseline's malloc kernel from offset 0, timed (ms).
+    fn bump(&mut self, size: u32) -> Result<f32> {
+        let s = self.stream.clone();
+        s.memset_zeros(&mut self.bump)?;
+        time_ms(&s, || {
+            self.w.bump_malloc(
+                &s,
+                &mut self.ptrs,
+                size,
+                &mut self.bump,
+                1 << 40,
+                u64::MAX >> 1,
+            )
         })
     }
 
@@ -643,33 +606,15 @@ impl MallocBench {
     /// malloc), then the matching free kernel.
     pub fn run_sizes(&mut self, alloc: Allocator, sizes: &CudaSlice<u32>) -> Result<Timing> {
         let s = self.stream.clone();
-        let (m, f) = match alloc {
-            Allocator::Toga => {
+        let (m, f) = if alloc == Allocator::Bump {
+            (self.bump(4096)?, 0.0)
+        } else {
+            if alloc == Allocator::Toga {
                 self.heap.reset(&s)?;
-                let m = time_ms(&s, || {
-                    self.w
-                        .malloc_sizes(&s, Some(&self.heap), &mut self.ptrs, sizes)
-                })?;
-                (m, time_ms(&s, || self.w.free(&s, &self.heap, &self.ptrs))?)
             }
-            Allocator::CudaMalloc => {
-                let m = time_ms(&s, || self.w.malloc_sizes(&s, None, &mut self.ptrs, sizes))?;
-                (m, time_ms(&s, || self.w.cuda_free(&s, &self.ptrs))?)
-            }
-            Allocator::Bump => {
-                s.memset_zeros(&mut self.bump)?;
-                let m = time_ms(&s, || {
-                    self.w.bump_malloc(
-                        &s,
-                        &mut self.ptrs,
-                        4096,
-                        &mut self.bump,
-                        1 << 40,
-                        u64::MAX >> 1,
-                    )
-                })?;
-                (m, 0.0)
-            }
+            let heap = (alloc == Allocator::Toga).then_some(&self.heap);
+            let m = time_ms(&s, || self.w.malloc_sizes(&s, heap, &mut self.ptrs, sizes))?;
+            (m, time_ms(&s, || self.w.free(&s, heap, &self.ptrs))?)
         };
         Ok(Timing {
             malloc_ms: m,

@@ -217,7 +217,7 @@ fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<(
     for round in 0..2 {
         stream.synchronize()?;
         let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        w.malloc(stream, &heap, &mut ptrs, 4096)?;
+        w.malloc(stream, Some(&heap), &mut ptrs, 4096)?;
         let Some(malloc_ms) = finish(stream, &start)? else {
             println!("  exhaustion round {round}: malloc kernel did not finish");
             probe.print(&heap, &ptrs)?;
@@ -229,7 +229,7 @@ fn exhaust(gpu: &Gpu, w: &Workloads, stream: &Arc<CudaStream>) -> toga::Result<(
             .filter(|&&p| p != 0)
             .count();
         let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        w.free(stream, &heap, &ptrs)?;
+        w.free(stream, Some(&heap), &ptrs)?;
         let Some(free_ms) = finish(stream, &start)? else {
             println!("  exhaustion round {round}: free kernel did not finish");
             probe.print(&heap, &ptrs)?;
@@ -278,7 +278,7 @@ pub fn run(
             let probe = Probe::new(&heap)?;
             stream.synchronize()?;
             let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            w.malloc(&stream, &heap, &mut ptrs, size)?;
+            w.malloc(&stream, Some(&heap), &mut ptrs, size)?;
             let Some(malloc_ms) = finish(&stream, &start)? else {
                 println!(
                     "{size:>8} {n:>9}  malloc kernel did not finish within {} s",
@@ -294,7 +294,7 @@ pub fn run(
                 .count();
             let reserved_mib = heap.stats(&stream)?.reserved_bytes as f64 / (1u64 << 20) as f64;
             let start = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            w.free(&stream, &heap, &ptrs)?;
+            w.free(&stream, Some(&heap), &ptrs)?;
             let Some(free_ms) = finish(&stream, &start)? else {
                 println!(
                     "{size:>8} {n:>9} {malloc_ms:>12.4}  free kernel did not finish within {} s",
