@@ -37,6 +37,20 @@ pub struct Gpu {
     info: DeviceInfo,
 }
 
+/// The primary CUDA context of device `ordinal`, after checking that there is a driver and
+/// such a device. For callers that set the context up (limits) before loading a module with
+/// [`Gpu::with_context`]; [`Gpu::open_with`] is this plus the load.
+pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    let count = device_count()?;
+    if count == 0 {
+        return Err(Error::NoDevice("the driver reports 0 devices".into()));
+    }
+    if ordinal >= count {
+        return Err(Error::DeviceOutOfRange { ordinal, count });
+    }
+    Ok(CudaContext::new(ordinal)?)
+}
+
 /// Check that a driver is present and return the number of devices.
 pub fn device_count() -> Result<usize> {
     // SAFETY: only tries to dlopen libcuda; no CUDA call is made.
@@ -59,14 +73,7 @@ impl Gpu {
     /// Open device `ordinal` and load `ptx`: a user's kernel crate built with
     /// `toga_builder::Builder`, which links toga's allocator in.
     pub fn open_with(ordinal: usize, ptx: &str) -> Result<Self> {
-        let count = device_count()?;
-        if count == 0 {
-            return Err(Error::NoDevice("the driver reports 0 devices".into()));
-        }
-        if ordinal >= count {
-            return Err(Error::DeviceOutOfRange { ordinal, count });
-        }
-        Self::with_context(CudaContext::new(ordinal)?, ptx)
+        Self::with_context(context(ordinal)?, ptx)
     }
 
     /// Load `ptx` into a context the caller already has (for example one whose limits it set

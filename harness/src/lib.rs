@@ -11,9 +11,7 @@
 
 #![warn(missing_docs)]
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, sys};
+use cudarc::driver::sys;
 use toga::{Error, Gpu, Result};
 
 mod workload;
@@ -45,11 +43,7 @@ pub fn open(ordinal: usize) -> Result<Gpu> {
 /// raised to `cuda_malloc_heap` bytes first, as the CUDA-malloc baseline needs: the limit can
 /// only be set before the context's first module loads.
 pub fn open_with_cuda_heap(ordinal: usize, cuda_malloc_heap: usize) -> Result<Gpu> {
-    let count = toga::device_count()?;
-    if ordinal >= count {
-        return Err(Error::DeviceOutOfRange { ordinal, count });
-    }
-    let ctx: Arc<CudaContext> = CudaContext::new(ordinal)?;
+    let ctx = toga::gpu::context(ordinal)?;
     ctx.set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, cuda_malloc_heap)?;
     Gpu::with_context(ctx, &harness_ptx()?)
 }

@@ -51,8 +51,8 @@ pub unsafe extern "ptx-kernel" fn toga_bind_heap(base: *mut u8) {
     }
 }
 
-/// Give back what UAlloc holds but does not use (`DeviceHeap::trim`): one thread per launch is enough;
-/// more threads only skip arenas that another is trimming.
+/// Give back what UAlloc holds but does not use (`DeviceHeap::trim`): one thread per launch
+/// is enough; more threads would only join its trim.
 ///
 /// # Safety
 /// `base` is an initialized heap.
