@@ -21,7 +21,6 @@ macro_rules! launch {
 }
 
 /// The kernels, loaded once.
-#[derive(Clone)]
 pub struct Workloads {
     alloc_fill: CudaFunction,
     check_free: CudaFunction,
