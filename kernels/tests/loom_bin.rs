@@ -456,3 +456,82 @@ fn group_with_a_double_free_leaves_other_claims_alone() {
         }
     });
 }
+
+// Lazy listing (`ualloc/alloc.rs`): a release that makes a full bin non-full never takes the
+// list's mutex; it sets the list's `relist` word (an acq_rel swap), and the next walker whose
+// pass finds nothing, or a trim, drains it: swaps it back to 0 and reconciles every bin under
+// the mutex. A claim that fills a bin unlinks it under the mutex, as before.
+
+/// The list's mutex with its one bin's membership, and the `relist` word.
+struct LazyListing {
+    listed: Mutex<bool>,
+    relist: loom::sync::atomic::AtomicU32,
+}
+
+impl LazyListing {
+    fn reconcile(listed: &mut bool, b: &BinHeader) {
+        let used = b.used_word();
+        *listed = used & !USED_COUNT_MASK == 0 && used < class().slots();
+    }
+
+    /// `note_not_full`: after a crossing of "full" downwards.
+    fn note(&self) {
+        self.relist.swap(1, loom::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// `sync_listing`: a claim that reported a crossing reconciles under the mutex.
+    fn sync(&self, b: &BinHeader) {
+        Self::reconcile(&mut self.listed.lock().unwrap(), b);
+    }
+
+    /// `drain_relist`: if the word is set, reconcile under the mutex.
+    fn drain(&self, b: &BinHeader) {
+        if self.relist.swap(0, loom::sync::atomic::Ordering::AcqRel) == 1 {
+            Self::reconcile(&mut self.listed.lock().unwrap(), b);
+        }
+    }
+}
+
+/// A release of a full bin (no mutex, sets `relist`) races a claim that may take the freed
+/// slot and fill the bin again (unlinks under the mutex) and a drain. After one more drain the
+/// bin is listed whenever it has a free slot (INV(UA7)), from either starting membership.
+#[test]
+fn lazy_listing_keeps_a_bin_with_free_slots_findable() {
+    for start_listed in [false, true] {
+        loom::model(move || {
+            let b = bin(class().slots());
+            let listing = Arc::new(LazyListing {
+                listed: Mutex::new(start_listed),
+                relist: loom::sync::atomic::AtomicU32::new(0),
+            });
+            let claimer = {
+                let (b, listing) = (b.clone(), listing.clone());
+                thread::spawn(move || {
+                    let c = b.claim(class(), 0, 1);
+                    if resyncs(c) == 1 {
+                        listing.sync(&b);
+                    }
+                    c
+                })
+            };
+            let drainer = {
+                let (b, listing) = (b.clone(), listing.clone());
+                thread::spawn(move || listing.drain(&b))
+            };
+            let r = b.release_many(class(), 0, 1 << 3);
+            if r.was_full {
+                listing.note();
+            }
+            let claim = claimer.join().unwrap();
+            drainer.join().unwrap();
+            // The next walker that finds nothing drains once more.
+            listing.drain(&b);
+            let used = class().slots() - 1 + got(claim).count_ones();
+            assert_eq!(b.used_word(), used);
+            assert!(
+                *listing.listed.lock().unwrap() || used >= class().slots(),
+                "INV(UA7): a bin with a free slot is unlisted ({r:?}, {claim:?})"
+            );
+        });
+    }
+}

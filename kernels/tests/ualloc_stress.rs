@@ -525,6 +525,63 @@ fn memory_flows_between_classes() {
     });
 }
 
+/// Lazy listing (INV(UA7)): frees into full bins, which a filled heap unlinked, take no list
+/// mutex; they set the list's `relist` word. With every chunk held, a second fill must find
+/// each freed slot again through a drain (no chunk is left to carve), and after all is freed a
+/// trim drains before it retires, so every chunk goes back.
+#[test]
+fn slots_freed_in_full_bins_are_found_again() {
+    with_deadline(|| {
+        const CHUNKS: usize = 2;
+        const THREADS: usize = 4;
+        let (arenas, chunks) = heap(1, CHUNKS);
+        let ua = Arc::new(ualloc(arenas, &chunks));
+        let shadow = Arc::new(Shadow::default());
+        for size in [16, 128, 256, 4096] {
+            let blocks = fill_class(&ua, &shadow, size, CHUNKS);
+            let (keep, give): (Vec<_>, Vec<_>) =
+                blocks.iter().enumerate().partition(|(i, _)| i % 3 == 0);
+            let give: Vec<usize> = give.into_iter().map(|(_, p)| *p as usize).collect();
+            // Other threads free two blocks of every three, from full bins.
+            std::thread::scope(|s| {
+                for part in give.chunks(give.len().div_ceil(THREADS)) {
+                    let (ua, shadow) = (&ua, &shadow);
+                    s.spawn(move || {
+                        for &p in part {
+                            release_block(ua, shadow, p as *mut u8, size as u64);
+                        }
+                    });
+                }
+            });
+            ua.assert_valid();
+            assert_eq!(chunks.outstanding(), CHUNKS);
+            // Every freed slot is served again, and no more.
+            let mut again = Vec::new();
+            loop {
+                let p = ua.malloc(size);
+                if p.is_null() {
+                    break;
+                }
+                adopt_block(&ua, &shadow, p, size, size as u64 + 1);
+                again.push(p);
+            }
+            assert_eq!(
+                again.len(),
+                give.len(),
+                "{size} B: freed slots not found again"
+            );
+            ua.assert_valid();
+            for (_, p) in keep {
+                release_block(&ua, &shadow, *p, size as u64);
+            }
+            for p in again {
+                release_block(&ua, &shadow, p, size as u64 + 1);
+            }
+            assert_all_returned(&ua, &chunks);
+        }
+    });
+}
+
 /// Out of memory returns null and never hangs, with many threads; afterwards every chunk
 /// comes back and the whole heap can be filled again.
 #[test]

@@ -73,8 +73,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                         );
                         assert_eq!(used, bin.taken_slots(class), "INV(UA3)");
                         // INV(UA4): an empty bin may stay carved and listed until a trim.
+                        // INV(UA7): a bin with a free slot is listed, or in its owner's own
+                        // chunk with the owner's `relist` set; a full bin may be either.
                         let listed = bin.listed.load_relaxed() != 0;
-                        assert_eq!(listed, used < class.slots(), "INV(UA7)");
+                        let owner = bin.owner() as usize;
+                        let pending = owner == ai
+                            && self.arenas[owner].class(class).list.0.relist.load_relaxed() != 0;
+                        assert!(
+                            listed || pending || used >= class.slots(),
+                            "INV(UA7): arena {ai} {class:?}: a bin with free slots is unlisted"
+                        );
                         // INV(UA12): carved by an arena of this UAlloc.
                         assert!((bin.owner() as usize) < self.arenas.len());
                     }
@@ -124,7 +132,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     listed_bins[class.index()],
                     "INV(UA7): {class:?} list"
                 );
-                // INV(UA2): the slots semaphore counts exactly the free slots of listed bins.
+                // INV(UA2): the slots semaphore counts exactly the free slots of the bins
+                // listed or waiting for a drain (every bin with a free slot, INV(UA7)).
                 assert_eq!(
                     cs.slots.0.counters(),
                     (free_slots[class.index()], 0, 0),
@@ -134,8 +143,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// Free slots and listed bins per class of the bins that arena `owner` carved, in every
-    /// arena's chunks (INV(UA12)). Quiescent use only.
+    /// Free slots (listed or not) and listed bins per class of the bins that arena `owner`
+    /// carved, in every arena's chunks (INV(UA12)). Quiescent use only.
     fn owned_free_slots(&self, owner: usize) -> ([u32; NUM_CLASSES], [u32; NUM_CLASSES]) {
         let (mut free_slots, mut listed_bins) = ([0u32; NUM_CLASSES], [0u32; NUM_CLASSES]);
         for arena in self.arenas {
@@ -150,8 +159,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                             continue;
                         }
                         let Some(class) = bin.class() else { continue };
+                        free_slots[class.index()] += class.slots() - bin.used_word();
                         if bin.listed.load_relaxed() != 0 {
-                            free_slots[class.index()] += class.slots() - bin.used_word();
                             listed_bins[class.index()] += 1;
                         }
                     }
