@@ -16,6 +16,7 @@ use loom::thread;
 
 use toga_kernels::size_class::SizeClass;
 use toga_kernels::ualloc::bin::{BinHeader, Claim, Release, USED_COUNT_MASK, USED_RETIRED};
+use toga_kernels::ualloc::pending::PendingStack;
 
 fn class() -> SizeClass {
     SizeClass::from_size(128)
@@ -457,53 +458,35 @@ fn group_with_a_double_free_leaves_other_claims_alone() {
     });
 }
 
-// Lazy listing (`ualloc/alloc.rs`): a release that makes a full bin non-full never takes the
-// list's mutex; it sets the list's `relist` word (an acq_rel swap), and the next walker whose
-// pass finds nothing, or a trim, drains it: swaps it back to 0 and reconciles every bin under
-// the mutex. A claim that fills a bin unlinks it under the mutex, as before.
+// Lazy listing (`ualloc/alloc.rs`, `ualloc/pending.rs`): a release that makes a full bin
+// non-full never takes the list's mutex; it notes the bin on the list's pending stack (a
+// `fetch_add` on the bin's count, and a `swap` on the stack for the first crossing). The next
+// walker whose pass finds nothing, or a trim, drains the stack: reconciles each bin under the
+// mutex until its count holds still. A claim that fills a bin unlinks it under the mutex.
 
-/// The list's mutex with its one bin's membership, and the `relist` word.
-struct LazyListing {
-    listed: Mutex<bool>,
-    relist: loom::sync::atomic::AtomicU32,
-}
+/// The list's mutex with its one bin's membership.
+struct Listing2(Mutex<bool>);
 
-impl LazyListing {
-    fn reconcile(listed: &mut bool, b: &BinHeader) {
+impl Listing2 {
+    /// `reconcile_locked`, under the mutex.
+    fn sync(&self, b: &BinHeader) {
+        let mut listed = self.0.lock().unwrap();
         let used = b.used_word();
         *listed = used & !USED_COUNT_MASK == 0 && used < class().slots();
     }
-
-    /// `note_not_full`: after a crossing of "full" downwards.
-    fn note(&self) {
-        self.relist.swap(1, loom::sync::atomic::Ordering::AcqRel);
-    }
-
-    /// `sync_listing`: a claim that reported a crossing reconciles under the mutex.
-    fn sync(&self, b: &BinHeader) {
-        Self::reconcile(&mut self.listed.lock().unwrap(), b);
-    }
-
-    /// `drain_relist`: if the word is set, reconcile under the mutex.
-    fn drain(&self, b: &BinHeader) {
-        if self.relist.swap(0, loom::sync::atomic::Ordering::AcqRel) == 1 {
-            Self::reconcile(&mut self.listed.lock().unwrap(), b);
-        }
-    }
 }
 
-/// A release of a full bin (no mutex, sets `relist`) races a claim that may take the freed
-/// slot and fill the bin again (unlinks under the mutex) and a drain. After one more drain the
-/// bin is listed whenever it has a free slot (INV(UA7)), from either starting membership.
+/// A release of a full bin (notes it, no mutex) races a claim that may take the freed slot and
+/// fill the bin again (unlinks under the mutex) and a drain. After one more drain the bin is
+/// listed whenever it has a free slot (INV(UA7)), its count is 0 and the stack is empty
+/// (INV(UA13)), from either starting membership.
 #[test]
-fn lazy_listing_keeps_a_bin_with_free_slots_findable() {
+fn pending_stack_keeps_a_bin_with_free_slots_findable() {
     for start_listed in [false, true] {
         loom::model(move || {
             let b = bin(class().slots());
-            let listing = Arc::new(LazyListing {
-                listed: Mutex::new(start_listed),
-                relist: loom::sync::atomic::AtomicU32::new(0),
-            });
+            let listing = Arc::new(Listing2(Mutex::new(start_listed)));
+            let stack = Arc::new(PendingStack::new());
             let claimer = {
                 let (b, listing) = (b.clone(), listing.clone());
                 thread::spawn(move || {
@@ -515,23 +498,99 @@ fn lazy_listing_keeps_a_bin_with_free_slots_findable() {
                 })
             };
             let drainer = {
-                let (b, listing) = (b.clone(), listing.clone());
-                thread::spawn(move || listing.drain(&b))
+                let (listing, stack) = (listing.clone(), stack.clone());
+                thread::spawn(move || stack.drain(|b| listing.sync(b)))
             };
             let r = b.release_many(class(), 0, 1 << 3);
             if r.was_full {
-                listing.note();
+                stack.note(&b);
             }
             let claim = claimer.join().unwrap();
             drainer.join().unwrap();
             // The next walker that finds nothing drains once more.
-            listing.drain(&b);
+            stack.drain(|b| listing.sync(b));
             let used = class().slots() - 1 + got(claim).count_ones();
             assert_eq!(b.used_word(), used);
             assert!(
-                *listing.listed.lock().unwrap() || used >= class().slots(),
+                *listing.0.lock().unwrap() || used >= class().slots(),
                 "INV(UA7): a bin with a free slot is unlisted ({r:?}, {claim:?})"
             );
+            assert_eq!(b.pending_count(), 0, "INV(UA13)");
+            assert!(stack.is_empty_hint(), "INV(UA13)");
         });
     }
+}
+
+/// Two bins are noted at once (two pushes race on the head) while a drain runs: every crossing
+/// is settled by some drain, and a drain never follows a link that is not written yet.
+#[test]
+fn concurrent_notes_and_a_drain_lose_no_bin() {
+    loom::model(|| {
+        let (a, c) = (bin(class().slots() - 1), bin(class().slots() - 1));
+        let stack = Arc::new(PendingStack::new());
+        let settled = Arc::new(Mutex::new(Vec::new()));
+        let settle = |settled: &Mutex<Vec<usize>>, b: &BinHeader| {
+            settled.lock().unwrap().push(b as *const BinHeader as usize)
+        };
+        let pushers: Vec<_> = [a.clone(), c.clone()]
+            .into_iter()
+            .map(|b| {
+                let stack = stack.clone();
+                thread::spawn(move || stack.note(&b))
+            })
+            .collect();
+        let drainer = {
+            let (stack, settled) = (stack.clone(), settled.clone());
+            thread::spawn(move || stack.drain(|b| settle(&settled, b)))
+        };
+        for p in pushers {
+            assert!(p.join().unwrap(), "the first note of a bin pushes it");
+        }
+        drainer.join().unwrap();
+        stack.drain(|b| settle(&settled, b));
+        let settled = settled.lock().unwrap();
+        for b in [&a, &c] {
+            let addr = &**b as *const BinHeader as usize;
+            assert!(settled.contains(&addr), "a noted bin was never settled");
+            assert_eq!(b.pending_count(), 0, "INV(UA13)");
+        }
+    });
+}
+
+/// The return of a retired bin (`UAlloc::run_callback`) races a drain that holds it: the
+/// return waits (drains or defers) until the drain is done with the bin, so no drain reads a
+/// bin after it went back to its chunk (INV(UA13)).
+#[test]
+fn a_pinned_bin_is_not_returned_under_a_drain() {
+    loom::model(|| {
+        let b = bin(class().slots() - 1);
+        let stack = Arc::new(PendingStack::new());
+        let returned = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        assert!(stack.note(&b));
+        let drainer = {
+            let (stack, returned) = (stack.clone(), returned.clone());
+            thread::spawn(move || {
+                stack.drain(|_| {
+                    assert!(
+                        !returned.load(loom::sync::atomic::Ordering::Relaxed),
+                        "a drain reads a returned bin"
+                    )
+                })
+            })
+        };
+        // The callback: return only an unpinned bin; otherwise drain, and else defer (here:
+        // yield and ask again, as the next grace period would).
+        loop {
+            let free = b.pending_count() == 0 || {
+                stack.drain(|_| {});
+                b.pending_count() == 0
+            };
+            if free {
+                returned.store(true, loom::sync::atomic::Ordering::Relaxed);
+                break;
+            }
+            thread::yield_now();
+        }
+        drainer.join().unwrap();
+    });
 }

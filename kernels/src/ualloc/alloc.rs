@@ -7,9 +7,9 @@ use crate::collective::Group;
 use crate::platform::{self, Backoff};
 use crate::rcu::SrcuReader;
 use crate::size_class::{BinKind, MAX_SMALL_SIZE, SizeClass};
-use crate::ualloc::arena::{Arena, BinList, bin_at, chunk_at};
+use crate::ualloc::arena::{Arena, BinList, bin_at};
 use crate::ualloc::bin::{BinHeader, Claim, USED_COUNT_MASK};
-use crate::ualloc::chunk::{ChunkHeader, bins_per_chunk, chunk_base};
+use crate::ualloc::chunk::chunk_base;
 use crate::ualloc::layout::{
     BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
 };
@@ -72,66 +72,29 @@ fn reconcile_locked(list: &BinList, class: SizeClass, bin: &BinHeader) {
     }
 }
 
-/// After a crossing of "full" downwards: `bin` (of `class`, owned by arena `ai`, inside a read
-/// section of that arena or holding a count on the bin) has a free slot again and may be
-/// unlisted. INV(UA7): it must be listed before a walker needs its slots. In the arena's own
-/// chunk that is one RMW on the list's `relist` word (the next walker that finds nothing, or
-/// `trim`, links it: [`drain_relist`]); in another arena's chunk, which a drain does not scan
-/// (a bin taken there when memory was short, steal.rs), it is linked now under the mutex.
-pub(crate) fn note_not_full(arena: &Arena, ai: u32, class: SizeClass, bin: &BinHeader) {
-    let chunk_arena = chunk_of(bin).arena.load_relaxed();
-    if chunk_arena == ai {
-        // Release (an RMW, so that every marker's crossing is in the release sequence the
-        // drain's acquire swap reads from): our update of `used` happens before the drain
-        // scans the bin.
-        arena.class(class).list.0.relist.swap_acq_rel(1);
-    } else {
-        sync_listing(arena, class, bin);
-    }
-}
-
-/// The chunk header of the chunk that holds `bin`.
+/// After a crossing of "full" downwards: `bin` (of `class`, carved by `arena`; the caller is
+/// inside `arena`'s read section) has a free slot again and may be unlisted. INV(UA7): it must
+/// be listed before a walker needs its slots, but `free` does not wait for the list's mutex:
+/// it notes the bin on the list's pending stack (one `fetch_add`, and one `swap` for the first
+/// crossing), which the next walker that finds nothing, or `trim`, drains ([`drain_pending`]).
 #[inline(always)]
-fn chunk_of(bin: &BinHeader) -> &ChunkHeader {
-    // SAFETY: a carved bin lies in a live chunk (INV(UA8)); callers hold the bin live.
-    unsafe { ChunkHeader::at(chunk_base(bin as *const BinHeader as usize)) }
+pub(crate) fn note_not_full(arena: &Arena, class: SizeClass, bin: &BinHeader) {
+    arena.class(class).list.0.pending.note(bin);
 }
 
-/// If `relist` is set: link every bin of `class` owned by arena `ai`, in the arena's own
-/// chunks, that has a free slot and is not listed (INV(UA7)). Holds the arena's chunk-list
-/// mutex of the class's kind (no bin of those chunks is taken or returned meanwhile) and the
-/// class list's mutex (so `listed` is exact), in that order. Returns whether the flag was set.
+/// Link the bins noted on `class`'s pending stack in `arena` that have free slots (INV(UA7)),
+/// under the list's mutex. Returns whether there were any.
 #[cold]
 #[inline(never)]
-pub(crate) fn drain_relist(arena: &Arena, ai: u32, class: SizeClass) -> bool {
+pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
     let list = &arena.class(class).list.0;
-    // Acquire: pairs with the release swaps in `note_not_full` (their crossings are visible
-    // to the scan below).
-    if list.relist.load_relaxed() == 0 || list.relist.swap_acq_rel(0) == 0 {
+    if list.pending.is_empty_hint() {
         return false;
     }
-    let kind = class.kind();
-    let chunks = &arena.kind(kind).chunks.0;
-    chunks.lock.lock_single();
     list.lock.lock_single();
-    let mut at = chunks.all.load_relaxed();
-    while at != 0 {
-        // SAFETY: chunks on the arena's `all` list are live while its mutex is held (INV(UA10)).
-        let chunk = unsafe { chunk_at(at) };
-        for i in 0..bins_per_chunk(kind) as usize {
-            if chunk.is_bin_free(i) {
-                continue;
-            }
-            let bin = chunk.bin(i);
-            if bin.class() == Some(class) && bin.owner() == ai {
-                reconcile_locked(list, class, bin);
-            }
-        }
-        at = chunk.all_next.load_relaxed();
-    }
+    let taken = list.pending.drain(|bin| reconcile_locked(list, class, bin));
     list.lock.unlock();
-    chunks.lock.unlock();
-    true
+    taken > 0
 }
 
 /// Walks a class's bin list and claims slots, for a leader (or a lone lane) that holds slot
@@ -139,8 +102,6 @@ pub(crate) fn drain_relist(arena: &Arena, ai: u32, class: SizeClass) -> bool {
 /// loops (leaving the read section and backing off between passes) until it finds some.
 pub(crate) struct ListClaimer<'x> {
     arena: &'x Arena,
-    /// The arena's index (bins it owns are the ones a drain links).
-    ai: u32,
     class: SizeClass,
     reader: Option<SrcuReader<'x>>,
     /// The bin the walk stands on (address, 0 = end); valid while `reader` is held.
@@ -154,11 +115,10 @@ pub(crate) struct ListClaimer<'x> {
 }
 
 impl<'x> ListClaimer<'x> {
-    pub(crate) fn new(arena: &'x Arena, ai: usize, class: SizeClass) -> Self {
+    pub(crate) fn new(arena: &'x Arena, class: SizeClass) -> Self {
         let seed = platform::spread_seed();
         Self {
             arena,
-            ai: ai as u32,
             class,
             reader: None,
             cursor: 0,
@@ -187,9 +147,9 @@ impl<'x> ListClaimer<'x> {
             if self.cursor == 0 || self.steps >= SCAN_LIMIT {
                 // End of a pass: leave the read section so barriers can run. Units are ours,
                 // so the slots exist (INV(UA2)); if no listed bin had them, they are in bins
-                // that a drain links (INV(UA7)): start over at once after one.
+                // on the pending stack (INV(UA7)): start over at once after draining it.
                 self.reader = None;
-                if !drain_relist(self.arena, self.ai, self.class) {
+                if !drain_pending(self.arena, self.class) {
                     self.backoff.snooze();
                 }
                 continue;
@@ -257,7 +217,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let arena = &self.arenas[ai];
         match arena.class(class).slots.0.wait(k, class.slots()) {
             Wait::Acquired => {
-                let mut claimer = ListClaimer::new(arena, ai, class);
+                let mut claimer = ListClaimer::new(arena, class);
                 let mut assigned = 0;
                 while assigned < k {
                     let (bin, word, bits) = claimer.next(k - assigned);
@@ -289,7 +249,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let arena = &self.arenas[ai];
         match arena.class(class).slots.0.wait(1, class.slots()) {
             Wait::Acquired => {
-                let (bin, word, bits) = ListClaimer::new(arena, ai, class).next(1);
+                let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
                 slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros())
             }
             Wait::MustRefill => match self.alloc_slow(ai, class, 1) {
@@ -330,7 +290,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             };
         }
         let mut claimer = if group.is_leader() {
-            Some(ListClaimer::new(arena, ai, class))
+            Some(ListClaimer::new(arena, class))
         } else {
             None
         };

@@ -22,25 +22,24 @@ use crate::rcu::Srcu;
 use crate::size_class::{BinKind, NUM_CLASSES, NUM_KINDS, SizeClass};
 use crate::ualloc::bin::BinHeader;
 use crate::ualloc::chunk::ChunkHeader;
+use crate::ualloc::pending::PendingStack;
 
 /// Keeps a value on its own 128 B line.
 #[repr(C, align(128))]
 pub(crate) struct Line<T>(pub(crate) T);
 
 /// A class's list of bins (INV(UA7)): readers walk it under the arena's SRCU; writers link
-/// and unlink under `lock`. Listing is lazy: a bin that fills may stay listed, and a bin
-/// that gets a free slot while unlisted is linked by the next [`drain`](super::alloc) of
-/// `relist`, not by the thread that freed the slot.
+/// and unlink under `lock`. A bin that gets a free slot while unlisted is linked lazily: the
+/// freeing thread notes it on `pending`, and the next walker that finds nothing (or `trim`)
+/// drains it.
 #[repr(C)]
 pub(crate) struct BinList {
     /// First bin (address, 0 = empty).
     pub(crate) head: Atomic64,
     pub(crate) lock: CollectiveMutex,
-    /// 1: some bin of this class and arena, in one of the arena's own chunks, may have free
-    /// slots and be unlisted (INV(UA7)); a walker whose pass finds nothing, and `trim`, scan
-    /// the arena's chunks and link such bins. Set with a release store after the crossing
-    /// that caused it, cleared with an acquire swap before the scan.
-    pub(crate) relist: Atomic32,
+    /// Bins of this class and arena that got a free slot and may be unlisted (INV(UA7),
+    /// INV(UA13)).
+    pub(crate) pending: PendingStack,
 }
 
 /// Per size class.
@@ -129,7 +128,7 @@ impl Arena {
                 list: Line(BinList {
                     head: Atomic64::new(0),
                     lock: CollectiveMutex::new(),
-                    relist: Atomic32::new(0),
+                    pending: PendingStack::new(),
                 }),
             }),
             kinds: core::array::from_fn(|_| KindState {

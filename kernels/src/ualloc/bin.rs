@@ -2,9 +2,9 @@
 //!
 //! ```text
 //!  BinHeader (128 B, the bin's first block)
-//!  ┌──────────────────────────────┬──────┬──────┬──────┬──────┬──────┬────────┬─────┐
-//!  │ bitmap: 8 × u64 (512 slots)  │ next │ prev │ rcu  │ used │ info │ listed │ owner │ pad │
-//!  └──────────────────────────────┴──────┴──────┴──────┴──────┴──────┴────────┴───────┴─────┘
+//!  ┌──────────────────────────────┬──────┬──────┬─────┬──────┬──────┬────────┬───────┬─────────┬───────┐
+//!  │ bitmap: 8 × u64 (512 slots)  │ next │ prev │ rcu │ used │ info │ listed │ owner │ pending │ pnext │
+//!  └──────────────────────────────┴──────┴──────┴─────┴──────┴──────┴────────┴───────┴─────────┴───────┘
 //!   bit i of word w: slot 64w+i is taken, or does not exist (i ≥ slots: always set)
 //! ```
 //!
@@ -68,6 +68,13 @@ pub struct BinHeader {
     /// one when the bin was taken from another arena's chunk (steal.rs). Set before the class
     /// is published.
     owner: Atomic32,
+    /// Crossings of "full" downwards not yet settled by a drain of the owner's
+    /// [`PendingStack`](super::pending::PendingStack) for the class; non-zero exactly while
+    /// the bin is on that stack (INV(UA13)). A bin whose count is non-zero is not returned to
+    /// its chunk.
+    pub(crate) pending: Atomic32,
+    /// The next bin on the pending stack (address; `UNSET` while a push is linking it).
+    pub(crate) pnext: Atomic64,
 }
 
 #[cfg(not(loom))]
@@ -152,6 +159,8 @@ impl BinHeader {
             info: Atomic32::new(0),
             listed: Atomic32::new(0),
             owner: Atomic32::new(0),
+            pending: Atomic32::new(0),
+            pnext: Atomic64::new(0),
         }
     }
 
@@ -174,6 +183,9 @@ impl BinHeader {
         self.next.store_relaxed(0);
         self.prev.store_relaxed(0);
         self.listed.store_relaxed(0);
+        // INV(UA13): a bin goes back to its chunk only with a zero count, but a fresh chunk's
+        // memory is arbitrary.
+        self.pending.store_relaxed(0);
         // Release: pairs with the acquire in `class` (a `free` validating a pointer sees a
         // fully initialized bin once it sees the class).
         self.info.store_release(class.index() as u32 + 1);
@@ -200,6 +212,14 @@ impl BinHeader {
     #[inline(always)]
     pub fn owner(&self) -> u32 {
         self.owner.load_relaxed()
+    }
+
+    /// Crossings noted and not yet settled by a drain (INV(UA13)); 0 when the bin is on no
+    /// pending stack. Acquire: pairs with the release CAS that ended the last drain of the
+    /// bin, so a caller that sees 0 may give the bin back to its chunk.
+    #[inline(always)]
+    pub fn pending_count(&self) -> u32 {
+        self.pending.load_acquire()
     }
 
     /// Mark the bin not carved (it goes back to its chunk; INV(UA5)).

@@ -73,7 +73,6 @@ fn word_key(bin: &BinHeader, slot: u32) -> u64 {
 /// left the section (so the section's closing fence does not wait for that add).
 pub(crate) fn release_bits(
     arena: &Arena,
-    ai: u32,
     class: SizeClass,
     bin: &BinHeader,
     word: u32,
@@ -83,7 +82,7 @@ pub(crate) fn release_bits(
     if r.was_full {
         // INV(UA7): a bin that was full (and may be unlisted) gets listed, lazily, before a
         // walker needs the units released below: no mutex here (alloc.rs).
-        note_not_full(arena, ai, class, bin);
+        note_not_full(arena, class, bin);
     }
     r.old
 }
@@ -176,7 +175,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         let word = slot / WORD_BITS as u32;
         let bit = 1u64 << (slot % WORD_BITS as u32);
-        let old = release_bits(arena, ai as u32, class, bin, word, bit);
+        let old = release_bits(arena, class, bin, word, bit);
         drop(reader);
         give_units(arena, class, old, bit);
         if old & bit != 0 {
@@ -239,9 +238,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let (bin, class) = (unsafe { &*bin }, SizeClass::from_index(class as usize));
         let class = class.expect("a located slot has a class");
         let old = match (&reader, arena) {
-            (Some(_), Some(a)) => {
-                release_bits(a, ai as u32, class, bin, slot / WORD_BITS as u32, bits)
-            }
+            (Some(_), Some(a)) => release_bits(a, class, bin, slot / WORD_BITS as u32, bits),
             _ => 0,
         };
         // The leader leaves the section, then gives the units back.
@@ -336,7 +333,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     bits |= 1u64 << (s % WORD_BITS as u32);
                 }
             }
-            let old = release_bits(arena, ai as u32, class, bin, slot / WORD_BITS as u32, bits);
+            let old = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
             drop(reader);
             give_units(arena, class, old, bits);
             let mut seen = 0u64;

@@ -44,6 +44,7 @@ pub mod arena;
 pub mod bin;
 pub mod chunk;
 pub mod layout;
+pub mod pending;
 
 mod alloc;
 mod free;
@@ -176,8 +177,34 @@ impl<'a, S: ChunkSource> UAlloc<'a, S> {
             let bin_addr = head as usize - core::mem::offset_of!(bin::BinHeader, rcu);
             // SAFETY: INV(RCU4): a bin's head was queued by `trim` after the bin was retired
             // and unlinked; its chunk is live until the bin is back in it.
-            self.return_bin(unsafe { arena::bin_at(bin_addr as u64) });
+            let bin = unsafe { arena::bin_at(bin_addr as u64) };
+            if !self.unpinned(bin) {
+                // INV(UA13): a drain holds it. Ask again after another grace period (the
+                // drain finishes meanwhile; this owner runs again because the queue is not
+                // empty).
+                let owner = &self.arenas[bin.owner() as usize];
+                // SAFETY: retired and unlinked as above; it stays valid until this callback
+                // runs again.
+                unsafe { owner.rcu.call_rcu(head) };
+                return;
+            }
+            self.return_bin(bin);
         }
+    }
+}
+
+impl<S: ChunkSource> UAlloc<'_, S> {
+    /// Whether the retired `bin` is off every pending stack (INV(UA13)), after draining its
+    /// class's stack in its arena if it was on it. A retired bin gets no more crossings (it has
+    /// no live slot), so once this is true it stays true.
+    fn unpinned(&self, bin: &bin::BinHeader) -> bool {
+        if bin.pending_count() == 0 {
+            return true;
+        }
+        if let Some(class) = bin.class() {
+            alloc::drain_pending(&self.arenas[bin.owner() as usize], class);
+        }
+        bin.pending_count() == 0
     }
 }
 

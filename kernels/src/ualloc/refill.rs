@@ -5,7 +5,7 @@ use crate::bulk_semaphore::Wait;
 use crate::collective::Group;
 use crate::platform::Backoff;
 use crate::size_class::{BinKind, SizeClass};
-use crate::ualloc::alloc::{drain_relist, sync_listing};
+use crate::ualloc::alloc::{drain_pending, sync_listing};
 use crate::ualloc::arena::{Arena, ChunkList, bin_at, chunk_at};
 use crate::ualloc::bin::BinHeader;
 use crate::ualloc::chunk::{ChunkHeader, bin_offset, bins_per_chunk, chunk_base};
@@ -127,8 +127,13 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // INV(UA12): ours, wherever its chunk is.
         bin.init_for(ai as u32, class, k);
         if rest > 0 {
-            // Idempotent: a drain of this arena's chunks may have linked the bin already.
-            sync_listing(arena, class, bin);
+            let list = &arena.class(class).list.0;
+            list.lock.lock_single();
+            // A drain of this arena's chunks may have linked the bin already (alloc.rs).
+            if bin.listed.load_relaxed() == 0 {
+                list.push_locked(bin);
+            }
+            list.lock.unlock();
         }
         // INV(UA2): the bin is listed before its units are.
         slots.signal(rest, rest);
@@ -158,7 +163,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// walked again.
     fn trim_arenas(&self) -> u32 {
         let mut done = 0;
-        for (ai, arena) in self.arenas.iter().enumerate() {
+        for arena in self.arenas {
             if !arena.trimming.0.try_acquire(1) {
                 // Another thread is trimming this arena: wait for it (its returns are what a
                 // caller out of memory is waiting for) and count that as progress.
@@ -169,7 +174,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             for class in SizeClass::ALL {
                 // Bins that emptied while unlisted are listed first, so they are retired too.
-                drain_relist(arena, ai as u32, class);
+                drain_pending(arena, class);
                 done += retire_empty_bins(arena, class);
             }
             if !arena.rcu.is_idle() {

@@ -73,14 +73,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[cold]
     #[inline(never)]
     pub(crate) fn steal_slot(&self, ai: usize, class: SizeClass) -> *mut u8 {
-        let n = self.arenas.len();
-        for other in (1..n).map(|step| (ai + step) % n) {
-            let arena = &self.arenas[other];
-            // INV(UA2): a unit is a free slot in a listed bin, or in one the claimer's drain
-            // links (INV(UA7)); the claimer finds it.
+        for arena in self.others(ai) {
+            // INV(UA2): a unit is a free slot in a listed bin, or in one on the pending stack
+            // that the claimer's drain links (INV(UA7)); the claimer finds it.
             let slots = &arena.class(class).slots.0;
             if slots.available() > 0 && slots.try_wait(1) {
-                let (bin, word, bits) = ListClaimer::new(arena, other, class).next(1);
+                let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
                 return slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros());
             }
         }

@@ -16,7 +16,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             // INV(RCU3): nothing left queued, no owner, no reader.
             assert!(arena.rcu.is_idle(), "arena {ai}: RCU callbacks left queued");
             assert_eq!(arena.rcu.readers(), (0, 0), "arena {ai}: readers inside");
-            let (free_slots, listed_bins) = self.owned_free_slots(ai);
+            let [free_slots, listed_bins, pending_bins] = self.owned_free_slots(ai);
             for kind in BinKind::ALL {
                 let ks = arena.kind(kind);
                 let list = &ks.chunks.0;
@@ -73,15 +73,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                         );
                         assert_eq!(used, bin.taken_slots(class), "INV(UA3)");
                         // INV(UA4): an empty bin may stay carved and listed until a trim.
-                        // INV(UA7): a bin with a free slot is listed, or in its owner's own
-                        // chunk with the owner's `relist` set; a full bin may be either.
+                        // INV(UA7): a bin with a free slot is listed or pending (INV(UA13)).
                         let listed = bin.listed.load_relaxed() != 0;
-                        let owner = bin.owner() as usize;
-                        let pending = owner == ai
-                            && self.arenas[owner].class(class).list.0.relist.load_relaxed() != 0;
+                        let pending = bin.pending.load_relaxed() != 0;
                         assert!(
                             listed || pending || used >= class.slots(),
                             "INV(UA7): arena {ai} {class:?}: a bin with free slots is unlisted"
+                        );
+                        assert!(
+                            !listed || used < class.slots(),
+                            "INV(UA7): a full bin listed"
                         );
                         // INV(UA12): carved by an arena of this UAlloc.
                         assert!((bin.owner() as usize) < self.arenas.len());
@@ -132,6 +133,28 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     listed_bins[class.index()],
                     "INV(UA7): {class:?} list"
                 );
+                // INV(UA13): the pending stack holds exactly the bins with a non-zero count.
+                let on_stack = cs.list.0.pending.for_each_quiescent(|bin| {
+                    assert_eq!(
+                        bin.class(),
+                        Some(class),
+                        "INV(UA13): bin on the wrong stack"
+                    );
+                    assert_eq!(
+                        bin.owner() as usize,
+                        ai,
+                        "INV(UA13): bin on another's stack"
+                    );
+                    assert!(
+                        bin.pending.load_relaxed() != 0,
+                        "INV(UA13): count 0 on the stack"
+                    );
+                });
+                assert_eq!(
+                    on_stack,
+                    pending_bins[class.index()],
+                    "INV(UA13): {class:?} stack"
+                );
                 // INV(UA2): the slots semaphore counts exactly the free slots of the bins
                 // listed or waiting for a drain (every bin with a free slot, INV(UA7)).
                 assert_eq!(
@@ -143,10 +166,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// Free slots (listed or not) and listed bins per class of the bins that arena `owner`
-    /// carved, in every arena's chunks (INV(UA12)). Quiescent use only.
-    fn owned_free_slots(&self, owner: usize) -> ([u32; NUM_CLASSES], [u32; NUM_CLASSES]) {
-        let (mut free_slots, mut listed_bins) = ([0u32; NUM_CLASSES], [0u32; NUM_CLASSES]);
+    /// Free slots (listed or not), listed bins and pending bins per class of the bins that
+    /// arena `owner` carved, in every arena's chunks (INV(UA12)). Quiescent use only.
+    fn owned_free_slots(&self, owner: usize) -> [[u32; NUM_CLASSES]; 3] {
+        let [mut free_slots, mut listed_bins, mut pending_bins] = [[0u32; NUM_CLASSES]; 3];
         for arena in self.arenas {
             for kind in BinKind::ALL {
                 let mut at = arena.kind(kind).chunks.0.all.load_relaxed();
@@ -163,11 +186,14 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                         if bin.listed.load_relaxed() != 0 {
                             listed_bins[class.index()] += 1;
                         }
+                        if bin.pending.load_relaxed() != 0 {
+                            pending_bins[class.index()] += 1;
+                        }
                     }
                     at = chunk.all_next.load_relaxed();
                 }
             }
         }
-        (free_slots, listed_bins)
+        [free_slots, listed_bins, pending_bins]
     }
 }

@@ -1,0 +1,140 @@
+//! The pending stack: bins that got a free slot back while they may be unlisted, waiting for
+//! a walker (or `trim`) to link them. One per arena and class, in the class's [`BinList`].
+//!
+//! `free` must not wait for the list's mutex (one relink per emptied-from-full bin made every
+//! arena's frees queue on it), so the lane whose release crosses "full" downwards only *notes*
+//! the bin here: one `fetch_add` on the bin's `pending` count and, for the first crossing, one
+//! `swap` on the stack's head. No CAS loop, so no retries under contention. A drain takes the
+//! whole stack with one `swap`, and settles each bin (reconciles its listing under the list's
+//! mutex) until its count holds still.
+//!
+//! ```text
+//!  head ──► bin C ──pnext──► bin B ──pnext──► bin A ──pnext──► 0
+//!           pending ≥ 1      pending ≥ 1      pending ≥ 1
+//! ```
+//!
+//! INV(UA13): `bin.pending != 0` iff the bin is on its owner's stack for its class (or taken by
+//! a drain that has not finished it). A bin with a non-zero count is not returned to its chunk
+//! (`UAlloc::run_callback` drains or defers), so a drain may read a bin it took without a
+//! read section.
+//!
+//! Push links with a swap: `pnext = UNSET; prev = swap(head, bin); pnext = prev`. A drain that
+//! reaches a bin between the swap and the link waits for the link (a few instructions away,
+//! and Volta's independent thread scheduling lets the pusher finish).
+//!
+//! [`BinList`]: super::arena
+
+use crate::platform::{Atomic64, Backoff};
+use crate::ualloc::arena::bin_at;
+use crate::ualloc::bin::BinHeader;
+
+/// `pnext` of a bin whose push has swapped it in but not linked it yet (bins are 128-aligned,
+/// so no bin has this address).
+const UNSET: u64 = 1;
+
+/// A stack of bins, linked through their headers (see the module doc). Zeroed memory is empty.
+#[repr(C)]
+pub struct PendingStack {
+    /// Top bin (address, 0 = empty).
+    head: Atomic64,
+}
+
+impl PendingStack {
+    /// An empty stack (all-zero).
+    pub fn new() -> Self {
+        Self {
+            head: Atomic64::new(0),
+        }
+    }
+
+    /// Whether the stack looks empty (a relaxed snapshot: a hint before a drain).
+    #[inline(always)]
+    pub fn is_empty_hint(&self) -> bool {
+        self.head.load_relaxed() == 0
+    }
+
+    /// Note a crossing of "full" downwards of `bin`, which must then be settled by a drain.
+    /// Call after the release that crossed, while the bin cannot be returned to its chunk
+    /// (inside its arena's read section). Returns whether this call pushed the bin (the first
+    /// crossing since the bin's last drain).
+    pub fn note(&self, bin: &BinHeader) -> bool {
+        // Acq_rel. Release: the caller's release (its update of `used`) happens before a drain
+        // that reads this count with acquire. Acquire: a drain's final CAS to 0 happens before
+        // our push, so its last read of `pnext` is done before we overwrite it.
+        if bin.pending.fetch_add_acq_rel(1) != 0 {
+            return false;
+        }
+        let me = bin as *const BinHeader as u64;
+        bin.pnext.store_relaxed(UNSET);
+        // Acq_rel. Release: `UNSET` above is written before a drain can reach us. Acquire: the
+        // previous top's `UNSET` happens before our link below, so a drain that follows the
+        // link and then reads that bin's `pnext` sees `UNSET` or its final link.
+        let prev = self.head.swap_acq_rel(me);
+        // Release: pairs with the acquire loads in `drain`.
+        bin.pnext.store_release(prev);
+        true
+    }
+
+    /// Take every bin noted so far and call `settle` on each, again until no crossing came
+    /// during the call (its count holds still), then clear its count. Returns how many bins it
+    /// took. `settle` runs with the bin pinned (INV(UA13)).
+    pub fn drain(&self, mut settle: impl FnMut(&BinHeader)) -> u32 {
+        if self.is_empty_hint() {
+            return 0;
+        }
+        // Acquire: pairs with the release swaps in `note` (the pushed bins and their `UNSET`).
+        let mut at = self.head.swap_acq_rel(0);
+        let mut taken = 0;
+        while at != 0 {
+            // SAFETY: INV(UA13): a bin on the stack is not returned to its chunk until its count
+            // is back to 0, which only this drain does.
+            let bin = unsafe { bin_at(at) };
+            let mut backoff = Backoff::new();
+            // Read the link before the count goes to 0: the bin may be pushed again after.
+            let next = loop {
+                // Acquire: pairs with the release store of the link in `note`.
+                let next = bin.pnext.load_acquire();
+                if next != UNSET {
+                    break next;
+                }
+                backoff.snooze();
+            };
+            loop {
+                // Acquire: pairs with the release half of each `note`'s `fetch_add`: the
+                // crossings counted so far are visible to `settle`.
+                let seen = bin.pending.load_acquire();
+                settle(bin);
+                // Release: our settling happens before a later push's acquire and before the
+                // return of the bin (run_callback's acquire load of the count).
+                if bin.pending.compare_exchange_acq_rel(seen, 0).is_ok() {
+                    break;
+                }
+            }
+            taken += 1;
+            at = next;
+        }
+        taken
+    }
+}
+
+impl PendingStack {
+    /// Call `f` on every bin on the stack and return how many there are (quiescent checks:
+    /// no push or drain may run).
+    pub fn for_each_quiescent(&self, mut f: impl FnMut(&BinHeader)) -> u32 {
+        let (mut at, mut n) = (self.head.load_relaxed(), 0);
+        while at != 0 {
+            // SAFETY: INV(UA13): bins on the stack are live; quiescent, so nothing changes.
+            let bin = unsafe { bin_at(at) };
+            f(bin);
+            n += 1;
+            at = bin.pnext.load_relaxed();
+        }
+        n
+    }
+}
+
+impl Default for PendingStack {
+    fn default() -> Self {
+        Self::new()
+    }
+}
