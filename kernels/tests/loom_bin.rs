@@ -464,6 +464,14 @@ fn group_with_a_double_free_leaves_other_claims_alone() {
 // walker whose pass finds nothing, or a trim, drains the stack: reconciles each bin under the
 // mutex until its count holds still. A claim that fills a bin unlinks it under the mutex.
 
+/// Call `f` on each bin of a drain's batch (bin addresses).
+fn each(bins: &[u64], mut f: impl FnMut(&BinHeader)) {
+    for &at in bins {
+        // SAFETY: the drain hands out bins it pinned; the models keep them alive in `Arc`s.
+        f(unsafe { &*(at as usize as *const BinHeader) });
+    }
+}
+
 /// The list's mutex with its one bin's membership.
 struct Listing2(Mutex<bool>);
 
@@ -499,7 +507,7 @@ fn pending_stack_keeps_a_bin_with_free_slots_findable() {
             };
             let drainer = {
                 let (listing, stack) = (listing.clone(), stack.clone());
-                thread::spawn(move || stack.drain(|b| listing.sync(b)))
+                thread::spawn(move || stack.drain(|bins| each(bins, |b| listing.sync(b))))
             };
             let r = b.release_many(class(), 0, 1 << 3);
             if r.was_full {
@@ -508,7 +516,7 @@ fn pending_stack_keeps_a_bin_with_free_slots_findable() {
             let claim = claimer.join().unwrap();
             drainer.join().unwrap();
             // The next walker that finds nothing drains once more.
-            stack.drain(|b| listing.sync(b));
+            stack.drain(|bins| each(bins, |b| listing.sync(b)));
             let used = class().slots() - 1 + got(claim).count_ones();
             assert_eq!(b.used_word(), used);
             assert!(
@@ -541,13 +549,13 @@ fn concurrent_notes_and_a_drain_lose_no_bin() {
             .collect();
         let drainer = {
             let (stack, settled) = (stack.clone(), settled.clone());
-            thread::spawn(move || stack.drain(|b| settle(&settled, b)))
+            thread::spawn(move || stack.drain(|bins| each(bins, |b| settle(&settled, b))))
         };
         for p in pushers {
             assert!(p.join().unwrap(), "the first note of a bin pushes it");
         }
         drainer.join().unwrap();
-        stack.drain(|b| settle(&settled, b));
+        stack.drain(|bins| each(bins, |b| settle(&settled, b)));
         let settled = settled.lock().unwrap();
         for b in [&a, &c] {
             let addr = &**b as *const BinHeader as usize;
@@ -570,7 +578,7 @@ fn a_pinned_bin_is_not_returned_under_a_drain() {
         let drainer = {
             let (stack, returned) = (stack.clone(), returned.clone());
             thread::spawn(move || {
-                stack.drain(|_| {
+                stack.drain(|_bins| {
                     assert!(
                         !returned.load(loom::sync::atomic::Ordering::Relaxed),
                         "a drain reads a returned bin"
@@ -592,5 +600,37 @@ fn a_pinned_bin_is_not_returned_under_a_drain() {
             thread::yield_now();
         }
         drainer.join().unwrap();
+    });
+}
+
+/// A second crossing of a bin already on the stack (its count goes 1 → 2, no push) races the
+/// drain that holds it: the drain settles again when the count moved, and reads the crossing's
+/// release when it saw the new count, so the bin ends listed with its free slot.
+#[test]
+fn a_crossing_during_the_drain_is_settled() {
+    loom::model(|| {
+        let b = bin(class().slots());
+        let listing = Arc::new(Listing2(Mutex::new(false)));
+        let stack = Arc::new(PendingStack::new());
+        // First crossing, noted; the slot is claimed again, so the bin is full once more.
+        assert!(b.release_many(class(), 0, 1 << 3).was_full);
+        assert!(stack.note(&b));
+        assert_eq!(got(b.claim(class(), 3, 1)), 1 << 3);
+        let freer = {
+            let (b, stack) = (b.clone(), stack.clone());
+            thread::spawn(move || {
+                if b.release_many(class(), 0, 1 << 5).was_full {
+                    stack.note(&b);
+                }
+            })
+        };
+        stack.drain(|bins| each(bins, |b| listing.sync(b)));
+        freer.join().unwrap();
+        stack.drain(|bins| each(bins, |b| listing.sync(b)));
+        assert!(
+            *listing.0.lock().unwrap(),
+            "INV(UA7): the freed slot's bin is unlisted"
+        );
+        assert_eq!(b.pending_count(), 0, "INV(UA13)");
     });
 }

@@ -84,6 +84,9 @@ pub(crate) fn note_not_full(arena: &Arena, class: SizeClass, bin: &BinHeader) {
 
 /// Link the bins noted on `class`'s pending stack in `arena` that have free slots (INV(UA7)),
 /// under the list's mutex. Returns whether there were any.
+///
+/// A batch of bins to link is chained in front of the list head and published with ONE
+/// release store; a noted bin that is listed but full again (rare) is unlinked after that.
 #[cold]
 #[inline(never)]
 pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
@@ -92,7 +95,35 @@ pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
         return false;
     }
     list.lock.lock_single();
-    let taken = list.pending.drain(|bin| reconcile_locked(list, class, bin));
+    let taken = list.pending.drain(|bins| {
+        let first = list.head.load_relaxed();
+        let mut head = first;
+        let mut full = 0u64;
+        for (i, &at) in bins.iter().enumerate() {
+            // SAFETY: pinned by the drain (INV(UA13)).
+            let bin = unsafe { bin_at(at) };
+            // Relaxed: the drain's fence orders these loads after the crossings it settles,
+            // and the mutex after every other listing change.
+            let used = bin.used_word();
+            let want = used & !USED_COUNT_MASK == 0 && used < class.slots();
+            let listed = bin.listed.load_relaxed() != 0;
+            if want && !listed {
+                head = list.chain_locked(bin, head);
+            } else if !want && listed {
+                full |= 1 << i;
+            }
+        }
+        if head != first {
+            // Release: pairs with the acquire load of `head` in `ListClaimer` (the chained bins
+            // and their links are visible to a reader that sees the new head).
+            list.head.store_release(head);
+        }
+        while full != 0 {
+            // SAFETY: as above.
+            list.unlink_locked(unsafe { bin_at(bins[full.trailing_zeros() as usize]) });
+            full &= full - 1;
+        }
+    });
     list.lock.unlock();
     taken > 0
 }
@@ -151,6 +182,12 @@ impl<'x> ListClaimer<'x> {
                 self.reader = None;
                 if !drain_pending(self.arena, self.class) {
                     self.backoff.snooze();
+                    // Another thread may be draining or relinking under the mutex: wait for it
+                    // with plain loads instead of passes (each pass enters a read section, and
+                    // a storm of those slowed the drain itself: docs/benchmarks.md).
+                    while list.lock.is_locked() {
+                        self.backoff.snooze();
+                    }
                 }
                 continue;
             }

@@ -208,19 +208,26 @@ impl BinList {
     /// Link `bin` at the head (under `lock`). Readers see it fully initialized: the head store
     /// is a release (pairs with the acquire loads in the readers' walk).
     pub(crate) fn push_locked(&self, bin: &BinHeader) {
+        let head = self.chain_locked(bin, self.head.load_relaxed());
+        // Release: pairs with the acquire load of `head` in `ListClaimer` (the bin's
+        // initialization and `next` happen before a reader reaches it).
+        self.head.store_release(head);
+    }
+
+    /// Put `bin` in front of the chain that starts at `head` and return the new start (under
+    /// `lock`), without publishing it: the caller publishes the chain with one release store
+    /// of `self.head`. Started from the list's head, the chain always ends in the list.
+    pub(crate) fn chain_locked(&self, bin: &BinHeader, head: u64) -> u64 {
         debug_assert!(self.lock.is_locked() && bin.listed.load_relaxed() == 0);
         let me = bin as *const BinHeader as u64;
-        let head = self.head.load_relaxed();
         bin.next.store_relaxed(head);
         bin.prev.store_relaxed(0);
         if head != 0 {
-            // SAFETY: listed bins are live (INV(UA7)).
+            // SAFETY: listed and chained bins are live (INV(UA7)).
             unsafe { bin_at(head) }.prev.store_relaxed(me);
         }
         bin.listed.store_relaxed(1);
-        // Release: pairs with the acquire load of `head` in `ListClaimer` (the bin's
-        // initialization and `next` happen before a reader reaches it).
-        self.head.store_release(me);
+        me
     }
 
     /// Unlink `bin` (under `lock`). `bin.next` is kept, so a reader standing on `bin` walks on
