@@ -82,11 +82,12 @@ pub(crate) fn note_not_full(arena: &Arena, class: SizeClass, bin: &BinHeader) {
     arena.class(class).list.0.pending.note(bin);
 }
 
-/// Link the bins noted on `class`'s pending stack in `arena` that have free slots (INV(UA7)),
-/// under the list's mutex. Returns whether there were any.
+/// Link the bins noted on `class`'s pending stack in `arena` that have free slots (INV(UA7)).
+/// Returns whether there were any.
 ///
-/// A batch of bins to link is chained in front of the list head and published with ONE
-/// release store; a noted bin that is listed but full again (rare) is unlinked after that.
+/// Per batch: one hold of the list's mutex (claimers that fill a bin get in between batches),
+/// the bins to link chained in front of the list head and published with ONE release store,
+/// and a noted bin that is listed but full again (rare) unlinked after that.
 #[cold]
 #[inline(never)]
 pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
@@ -94,8 +95,8 @@ pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
     if list.pending.is_empty_hint() {
         return false;
     }
-    list.lock.lock_single();
     let taken = list.pending.drain(|bins| {
+        list.lock.lock_single();
         let first = list.head.load_relaxed();
         let mut head = first;
         let mut full = 0u64;
@@ -123,8 +124,8 @@ pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
             list.unlink_locked(unsafe { bin_at(bins[full.trailing_zeros() as usize]) });
             full &= full - 1;
         }
+        list.lock.unlock();
     });
-    list.lock.unlock();
     taken > 0
 }
 

@@ -30,7 +30,7 @@ use crate::ualloc::bin::BinHeader;
 
 /// Bins a drain settles per batch (its fences are per batch; the addresses live on the
 /// drainer's stack frame).
-pub const DRAIN_BATCH: usize = 32;
+pub const DRAIN_BATCH: usize = 8;
 
 /// `pnext` of a bin whose push has swapped it in but not linked it yet (bins are 128-aligned,
 /// so no bin has this address).
