@@ -206,11 +206,7 @@ impl CollectiveMutex {
     pub fn acquire(&self, members: u32) {
         debug_assert!(members > 0);
         let mut backoff = Backoff::new();
-        // Test, then test-and-set: waiters poll with plain loads (at GPU scope they read L2's
-        // current value) and CAS only when the lock looks free. A CAS per poll is a fenced RMW
-        // on the lock's line: with a drain holding a class list's lock, waiting claimers made
-        // 284 of them per warp and slowed the holder (ncu, docs/benchmarks.md).
-        while !(self.inside.load_relaxed() == 0 && self.try_acquire(members)) {
+        while !self.try_acquire(members) {
             backoff.snooze();
         }
     }
