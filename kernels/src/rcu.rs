@@ -43,7 +43,7 @@
 //!   `Srcu` must pass closures that do the same thing (UAlloc: "return this bin/chunk").
 //! - Zeroed memory is a valid idle `Srcu` (epoch 0, no readers, empty queue).
 
-use crate::platform::{Atomic32, Atomic64, Backoff};
+use crate::platform::{self, Atomic32, Atomic64, Backoff};
 
 /// `state` bit: an owner is running barriers.
 const RUNNING: u32 = 1;
@@ -144,13 +144,18 @@ impl Srcu {
         let mut e = self.epoch.0.load_relaxed();
         loop {
             let parity = (e & 1) as usize;
-            // Relaxed: the release half of the epoch RMW below keeps this increment before it.
+            // Relaxed: the fence below keeps this increment before the epoch RMW.
             self.readers[parity].0.fetch_add_relaxed(1);
-            // An RMW reads the newest epoch (INV(RCU1)). Acq_rel pairs with the owner's bump in
-            // `wait_for_readers` in both directions: our count is visible to an owner that
-            // bumps after us, and the section's reads come after a bump we see. The one fence
-            // of the entry (docs/registers.md: each release is a MEMBAR on the GPU).
-            let now = self.epoch.0.fetch_add_acq_rel(0);
+            // A full fence, then an RMW that reads the newest epoch (INV(RCU1)). The fence and
+            // the RMW are a release on the epoch, and the RMW is an acquire, so they pair with
+            // the owner's bump in `wait_for_readers` in both directions: our count is visible
+            // to an owner that bumps after us, and the section's reads come after a bump we
+            // see. The one MEMBAR of the entry (on the GPU it costs what an `acq_rel` RMW
+            // does). It is a fence rather than an `acq_rel` RMW because it also releases
+            // everything this thread wrote before the section to whatever the section then
+            // writes: `free` relies on it for the slots it gives back (`release_many_fenced`).
+            platform::fence_acq_rel();
+            let now = self.epoch.0.fetch_add_acquire(0);
             if now == e {
                 return SrcuReader { srcu: self, parity };
             }

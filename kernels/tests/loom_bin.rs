@@ -11,9 +11,11 @@
 //! for a warp's slots of one word) against claims, single releases and retirement.
 #![cfg(loom)]
 
+use loom::cell::UnsafeCell;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
+use toga_kernels::rcu::Srcu;
 use toga_kernels::size_class::SizeClass;
 use toga_kernels::ualloc::bin::{BinHeader, Claim, Release, USED_COUNT_MASK, USED_RETIRED};
 use toga_kernels::ualloc::pending::PendingStack;
@@ -225,6 +227,36 @@ impl Listing {
         let used = b.used_word();
         *listed = used & !USED_COUNT_MASK == 0 && used < class().slots();
     }
+}
+
+/// `free` clears its bits with an acquire `fetch_and` only (`release_many_fenced`): the fence
+/// of the read-section entry before it releases the owner's writes to the block. The next
+/// claimer of the slot reads what the owner wrote, with no race (a loom `UnsafeCell` stands
+/// for the block; without the entry's fence loom reports the race).
+#[test]
+fn a_freed_block_s_writes_reach_its_next_claimer() {
+    loom::model(|| {
+        let b = bin(class().slots());
+        let srcu = Arc::new(Srcu::new());
+        let block = Arc::new(UnsafeCell::new(0u32));
+        let owner = {
+            let (b, srcu, block) = (b.clone(), srcu.clone(), block.clone());
+            thread::spawn(move || {
+                // SAFETY: the owner's block: no one else touches it until it is freed.
+                block.with_mut(|v| unsafe { *v = 7 });
+                let section = srcu.read_lock();
+                let r = b.release_many_fenced(class(), 0, 1 << 3);
+                drop(section);
+                assert_ne!(r.old & 1 << 3, 0, "the block was live");
+            })
+        };
+        if let Claim::Got { bits, .. } = b.claim(class(), 0, 1) {
+            assert_eq!(bits, 1 << 3, "only slot 3 was freed");
+            // SAFETY: the claim made the block ours (what loom checks).
+            assert_eq!(block.with(|v| unsafe { *v }), 7);
+        }
+        owner.join().unwrap();
+    });
 }
 
 /// A group release of two slots of a full bin races a claim of up to two slots of the same

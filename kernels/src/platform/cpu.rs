@@ -68,6 +68,10 @@ macro_rules! cpu_atomic {
                 self.0.fetch_and(v, Relaxed)
             }
             #[inline]
+            pub fn fetch_and_acquire(&self, v: $t) -> $t {
+                self.0.fetch_and(v, Acquire)
+            }
+            #[inline]
             pub fn fetch_and_acq_rel(&self, v: $t) -> $t {
                 self.0.fetch_and(v, AcqRel)
             }

@@ -214,6 +214,22 @@ impl BinHeader {
         self.owner.load_relaxed()
     }
 
+    /// `info` and [`owner`](Self::owner), loaded back to back so that both are in flight at
+    /// once. `ordered`: `info` with acquire, as [`class`](Self::class); otherwise hints.
+    #[inline(always)]
+    pub fn look(&self, ordered: bool) -> (Option<SizeClass>, u32) {
+        let info = if ordered {
+            self.info.load_acquire()
+        } else {
+            self.info.load_relaxed()
+        };
+        let owner = self.owner.load_relaxed();
+        (
+            SizeClass::from_index((info as usize).wrapping_sub(1)),
+            owner,
+        )
+    }
+
     /// Crossings noted and not yet settled by a drain (INV(UA13)); 0 when the bin is on no
     /// pending stack. Acquire: pairs with the release CAS that ended the last drain of the
     /// bin, so a caller that sees 0 may give the bin back to its chunk.
@@ -323,12 +339,32 @@ impl BinHeader {
     /// it clears was counted before it was set (INV(UA3)).
     #[inline]
     pub fn release_many(&self, class: SizeClass, word: u32, bits: u64) -> Released {
+        self.release_bits(class, word, bits, false)
+    }
+
+    /// [`release_many`](Self::release_many) for a caller that has already issued a release
+    /// fence after the slots' owners' last writes to them (`free` does: it enters a read
+    /// section, whose entry is such a fence, after the owners' writes). The `fetch_and` is
+    /// then an acquire only: the fence before it makes the pair a release, without a second
+    /// MEMBAR on the GPU.
+    #[inline]
+    pub fn release_many_fenced(&self, class: SizeClass, word: u32, bits: u64) -> Released {
+        self.release_bits(class, word, bits, true)
+    }
+
+    #[inline(always)]
+    fn release_bits(&self, class: SizeClass, word: u32, bits: u64, fenced: bool) -> Released {
         let w = word as usize;
         debug_assert!(w < class.bitmap_words());
-        // Release: the owners' writes to the slots happen before the next claimer's acquire
-        // `fetch_or` (pairs with `claim`). Acquire: the claims of the bits we clear (their
-        // counts) happen before our `fetch_sub` below, which therefore never underflows.
-        let old = self.bitmap[w].fetch_and_acq_rel(!bits);
+        // Release (here, or the caller's fence): the owners' writes to the slots happen before
+        // the next claimer's acquire `fetch_or` (pairs with `claim`). Acquire: the claims of
+        // the bits we clear (their counts) happen before our `fetch_sub` below, which
+        // therefore never underflows.
+        let old = if fenced {
+            self.bitmap[w].fetch_and_acquire(!bits)
+        } else {
+            self.bitmap[w].fetch_and_acq_rel(!bits)
+        };
         let n = (old & bits).count_ones();
         if n == 0 {
             return Released {

@@ -148,6 +148,28 @@ impl ChunkHeader {
         unsafe { &*(addr as *const BinHeader) }
     }
 
+    /// Bin `bin`'s header in a chunk of `kind` (no load: the caller knows, or guesses, the
+    /// kind).
+    #[inline(always)]
+    pub fn bin_as(&self, kind: BinKind, bin: usize) -> &BinHeader {
+        let addr = self.base() + bin_offset(kind, bin);
+        // SAFETY: as in `bin`.
+        unsafe { &*(addr as *const BinHeader) }
+    }
+
+    /// Whether the chunk is live and its kind (raw), loaded back to back so that both are in
+    /// flight at once. `ordered`: the magic with acquire, as [`is_live`](Self::is_live);
+    /// otherwise both are relaxed hints.
+    #[inline(always)]
+    pub fn look(&self, ordered: bool) -> (bool, u32) {
+        let magic = if ordered {
+            self.magic.load_acquire()
+        } else {
+            self.magic.load_relaxed()
+        };
+        (magic == magic_of(self.base()), self.kind.load_relaxed())
+    }
+
     /// Index of the bin whose header is `bin` (a header of this chunk).
     #[inline(always)]
     pub fn bin_index(&self, bin: &BinHeader) -> usize {

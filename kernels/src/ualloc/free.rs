@@ -24,39 +24,60 @@ use crate::ualloc::chunk::{ChunkHeader, chunk_base};
 use crate::ualloc::layout::{PAGE_SIZE, SlotArea, WORD_BITS, area_of};
 use crate::ualloc::{ChunkSource, FreeOutcome, UAlloc};
 
-/// The bin, class and slot that `addr` (inside the live chunk `chunk`) is the start of.
-/// `ordered`: read the bin's class with acquire (inside a read section, before the slot is
-/// released); without it, a hint for grouping lanes that saves a fence per lane.
+/// Where a block lies: its bin, class and slot, the bin's owner, and the chunk kind it was
+/// found with.
+#[derive(Clone, Copy)]
+struct Spot<'a> {
+    bin: &'a BinHeader,
+    class: SizeClass,
+    slot: u32,
+    owner: u32,
+    kind: BinKind,
+}
+
+/// Look `addr` up in `chunk` as a chunk of `kind`. The chunk's magic and kind and the bin's
+/// class and owner are loaded back to back (one round trip to memory), then checked: `None`
+/// if the chunk is not live, not of `kind`, or `addr` is not the start of a slot of a carved
+/// bin. `ordered`: acquire loads, for the look inside a read section that a release relies
+/// on; without it, a hint that orders nothing (grouping lanes, choosing the arena).
 #[inline(always)]
-fn locate(chunk: &ChunkHeader, addr: usize, ordered: bool) -> Option<(&BinHeader, SizeClass, u32)> {
-    let kind = chunk.kind();
+fn locate_as(chunk: &ChunkHeader, addr: usize, kind: BinKind, ordered: bool) -> Option<Spot<'_>> {
     let (index, area) = area_of(kind == BinKind::Small, addr - chunk.base())?;
-    let bin = chunk.bin(index);
-    // INV(UA5): not carved → 0 → None.
-    let class = if ordered {
-        bin.class()?
-    } else {
-        bin.class_hint()?
-    };
+    let bin = chunk.bin_as(kind, index);
+    let (live, chunk_kind) = chunk.look(ordered);
+    let (class, owner) = bin.look(ordered);
+    // INV(UA8): a live chunk keeps its kind; INV(UA5): not carved → no class.
+    if !live || chunk_kind != kind.index() as u32 {
+        return None;
+    }
+    let class = class?;
     if class.kind() != kind {
         return None;
     }
-    let (offset, first) = match area {
-        SlotArea::Body(x) => (x, 0),
-        SlotArea::Tail(x) => (x, class.main_slots()),
+    let (offset, first, limit) = match area {
+        SlotArea::Body(x) => (x, 0, class.main_slots()),
+        SlotArea::Tail(x) => (x, class.main_slots(), class.slots()),
     };
     if offset & (class.size() - 1) != 0 {
         return None;
     }
     let slot = first + (offset >> class.shift()) as u32;
-    let limit = match area {
-        SlotArea::Body(_) => class.main_slots(),
-        SlotArea::Tail(_) => class.slots(),
-    };
     if slot >= limit {
         return None;
     }
-    Some((bin, class, slot))
+    Some(Spot {
+        bin,
+        class,
+        slot,
+        owner,
+        kind,
+    })
+}
+
+/// [`locate_as`] with the chunk's kind as it reads now (one load more, before the others).
+#[inline(always)]
+fn locate(chunk: &ChunkHeader, addr: usize, ordered: bool) -> Option<Spot<'_>> {
+    locate_as(chunk, addr, chunk.kind(), ordered)
 }
 
 /// The key that groups lanes freeing into one bitmap word: the word's address (bins are
@@ -78,7 +99,9 @@ pub(crate) fn release_bits(
     word: u32,
     bits: u64,
 ) -> u64 {
-    let r = bin.release_many(class, word, bits);
+    // Fenced: inside a read section entered after the blocks' last writes (its entry's fence
+    // makes this `fetch_and` a release of them; rcu.rs).
+    let r = bin.release_many_fenced(class, word, bits);
     if r.was_full {
         // INV(UA7): a bin that was full (and may be unlisted) gets listed, lazily, before a
         // walker needs the units released below: no mutex here (alloc.rs).
@@ -111,75 +134,60 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[inline]
     pub unsafe fn free(&self, p: *mut u8) -> FreeOutcome {
         let addr = p as usize;
-        // An optimistic look, outside any read section, only to group the lanes: the group's
-        // leader validates it again inside the section. 0: not a block (or no group).
-        let key = if addr.is_multiple_of(PAGE_SIZE) {
-            0
+        // An optimistic look, outside any read section, to group the lanes and to choose the
+        // arena: the lanes validate it again inside the section. 0: not a block (or no group).
+        let hint = if addr.is_multiple_of(PAGE_SIZE) {
+            None
         } else {
             // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
             let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-            match chunk
-                .is_live_hint()
-                .then(|| locate(chunk, addr, false))
-                .flatten()
-            {
-                Some((bin, _, slot)) => word_key(bin, slot),
-                None => 0,
-            }
+            locate(chunk, addr, false)
         };
+        let key = hint.map_or(0, |s| word_key(s.bin, s.slot));
+        let hint = hint.map(|s| (s.owner, s.kind));
         let group = Group::of(key);
         if key == 0 || group.is_single() {
             // SAFETY: forwarded from the caller.
-            unsafe { self.free_single(p) }
+            unsafe { self.free_single(p, hint) }
         } else {
             // SAFETY: forwarded from the caller.
-            unsafe { self.free_group(&group, p) }
+            unsafe { self.free_group(&group, p, hint) }
         }
     }
 
     /// `free` for a lane alone with its bitmap word (or a pointer that is not a block).
+    /// `hint`: the owner and chunk kind that the optimistic look found (`None`: not a block).
     ///
     /// # Safety
     /// As for [`free`](Self::free).
     #[inline(never)]
-    unsafe fn free_single(&self, p: *mut u8) -> FreeOutcome {
+    unsafe fn free_single(&self, p: *mut u8, hint: Option<(u32, BinKind)>) -> FreeOutcome {
         let addr = p as usize;
-        // INV(UA1): UAlloc blocks are never page-aligned (null included).
-        if addr.is_multiple_of(PAGE_SIZE) {
+        // INV(UA1): UAlloc blocks are never page-aligned (null included). A live block is
+        // never missed by the hint: its carving happened before its allocation, which
+        // happened before this free.
+        let Some((ai, kind)) = hint else {
             return FreeOutcome::Invalid;
-        }
+        };
+        let Some(arena) = self.arenas.get(ai as usize) else {
+            return FreeOutcome::Invalid;
+        };
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
         let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-        if !chunk.is_live() {
-            return FreeOutcome::Invalid;
-        }
-        // The bin's owner, looked up optimistically: its read section guards the bin.
-        let Some((bin, _, _)) = locate(chunk, addr, false) else {
-            return FreeOutcome::Invalid;
-        };
-        let ai = bin.owner() as usize;
-        let Some(arena) = self.arenas.get(ai) else {
-            return FreeOutcome::Invalid;
-        };
+        // The entry's fence also releases the caller's writes to the block (free_bits).
         let reader = arena.rcu.read_lock();
         // INV(UA8)/INV(UA12)/INV(RCU1): re-checked inside the read section, the bin stays
         // carved by this arena (and its chunk UAlloc's) until we leave it.
-        if !chunk.is_live() {
-            return FreeOutcome::Invalid;
-        }
-        let Some((bin, class, slot)) = locate(chunk, addr, true) else {
+        let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
             return FreeOutcome::Invalid;
         };
-        if bin.owner() as usize != ai {
-            return FreeOutcome::Invalid;
-        }
-        let word = slot / WORD_BITS as u32;
-        let bit = 1u64 << (slot % WORD_BITS as u32);
-        let old = release_bits(arena, class, bin, word, bit);
+        let word = at.slot / WORD_BITS as u32;
+        let bit = 1u64 << (at.slot % WORD_BITS as u32);
+        let old = release_bits(arena, at.class, at.bin, word, bit);
         drop(reader);
-        give_units(arena, class, old, bit);
+        give_units(arena, at.class, old, bit);
         if old & bit != 0 {
-            FreeOutcome::Freed(class)
+            FreeOutcome::Freed(at.class)
         } else {
             FreeOutcome::DoubleFree
         }
@@ -187,18 +195,26 @@ impl<S: ChunkSource> UAlloc<'_, S> {
 
     /// `free` for a group of lanes whose slots share one bitmap word (module doc). Collective
     /// over `group` (collective.rs rules: every branch below depends on broadcast values only).
+    /// `hint` as for [`free_single`](Self::free_single).
     ///
     /// # Safety
     /// As for [`free`](Self::free).
     #[inline(never)]
-    unsafe fn free_group(&self, group: &Group, p: *mut u8) -> FreeOutcome {
+    unsafe fn free_group(
+        &self,
+        group: &Group,
+        p: *mut u8,
+        hint: Option<(u32, BinKind)>,
+    ) -> FreeOutcome {
         let addr = p as usize;
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
         let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
         // Every lane of the group saw the same word, so the same chunk, bin and owner.
-        let owner = locate(chunk, addr, false).map_or(u32::MAX, |(bin, _, _)| bin.owner());
-        let ai = group.broadcast_u32(owner) as usize;
+        let ai = group.broadcast_u32(hint.map_or(u32::MAX, |(owner, _)| owner)) as usize;
         let arena = self.arenas.get(ai);
+        // The barrier orders the members' writes to their blocks before the leader's entry,
+        // whose fence releases them to the next claimers (release_bits).
+        group.sync();
         let reader = match (group.is_leader(), arena) {
             (true, Some(a)) => Some(a.rcu.read_lock()),
             _ => None,
@@ -207,14 +223,14 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // each lane locates its slot again; the group goes on only if every lane still finds a
         // slot in the word they were grouped by (INV(UA8)/INV(RCU1)).
         group.sync();
-        let here = match arena {
-            Some(_) if chunk.is_live() => {
-                locate(chunk, addr, true).filter(|(bin, _, _)| bin.owner() as usize == ai)
+        let here = match (arena, hint) {
+            (Some(_), Some((_, kind))) => {
+                locate_as(chunk, addr, kind, true).filter(|s| s.owner as usize == ai)
             }
             _ => None,
         };
         let (slot, class, bin) = match here {
-            Some((bin, class, slot)) => (slot, class.index() as u32, bin as *const BinHeader),
+            Some(at) => (at.slot, at.class.index() as u32, at.bin as *const BinHeader),
             None => (u32::MAX, u32::MAX, core::ptr::null()),
         };
         let valid = platform::ballot(group.mask(), slot != u32::MAX) == group.mask()
@@ -223,7 +239,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             drop(reader);
             group.sync();
             // SAFETY: forwarded from the caller.
-            return unsafe { self.free_single(p) };
+            return unsafe { self.free_single(p, hint) };
         }
         let bit_index = slot % WORD_BITS as u32;
         // The group's bits: duplicates (a pointer freed twice in one call) collapse here.
@@ -285,35 +301,27 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             } else {
                 // SAFETY: the caller guarantees the block around each pointer is readable.
                 let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-                let owner = chunk
-                    .is_live()
-                    .then(|| locate(chunk, addr, false))
-                    .flatten()
-                    .map(|(bin, _, _)| bin.owner() as usize);
-                owner
-                    .filter(|&ai| ai < self.arenas.len())
-                    .map(|ai| (chunk, ai))
+                locate(chunk, addr, false)
+                    .filter(|s| (s.owner as usize) < self.arenas.len())
+                    .map(|s| (chunk, s.owner, s.kind))
             };
-            let Some((chunk, ai)) = target else {
+            let hint = target.map(|(_, owner, kind)| (owner, kind));
+            let Some((chunk, ai, kind)) = target else {
                 // SAFETY: forwarded.
-                out[i] = unsafe { self.free_single(ptrs[i]) };
+                out[i] = unsafe { self.free_single(ptrs[i], hint) };
                 done[i] = true;
                 continue;
             };
-            let arena = &self.arenas[ai];
+            let arena = &self.arenas[ai as usize];
             let reader = arena.rcu.read_lock();
-            let Some((bin, class, slot)) = chunk
-                .is_live()
-                .then(|| locate(chunk, addr, true))
-                .flatten()
-                .filter(|(bin, _, _)| bin.owner() as usize == ai)
-            else {
+            let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
                 drop(reader);
                 // SAFETY: forwarded.
-                out[i] = unsafe { self.free_single(ptrs[i]) };
+                out[i] = unsafe { self.free_single(ptrs[i], hint) };
                 done[i] = true;
                 continue;
             };
+            let (bin, class, slot) = (at.bin, at.class, at.slot);
             // The group: every pointer not yet done that lies in the same word.
             let key = word_key(bin, slot);
             let mut members = [(0usize, 0u32); 64];
@@ -324,13 +332,13 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 if done[j] || a.is_multiple_of(PAGE_SIZE) || chunk_base(a) != chunk.base() {
                     continue;
                 }
-                if let Some((b, c, s)) = locate(chunk, a, true)
-                    && c == class
-                    && word_key(b, s) == key
+                if let Some(m) = locate_as(chunk, a, kind, true)
+                    && m.class == class
+                    && word_key(m.bin, m.slot) == key
                 {
-                    members[k] = (j, s);
+                    members[k] = (j, m.slot);
                     k += 1;
-                    bits |= 1u64 << (s % WORD_BITS as u32);
+                    bits |= 1u64 << (m.slot % WORD_BITS as u32);
                 }
             }
             let old = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
@@ -364,9 +372,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
         let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-        if !chunk.is_live() {
-            return 0;
-        }
-        locate(chunk, addr, true).map_or(0, |(_, class, _)| class.size())
+        locate(chunk, addr, true).map_or(0, |s| s.class.size())
     }
 }
