@@ -22,7 +22,7 @@
 
 use core::ptr;
 
-use crate::collective::SingleFlight;
+use crate::collective::{Group, SingleFlight};
 use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
@@ -676,19 +676,17 @@ impl<'a> DeviceHeap<'a> {
     /// Blocks are aligned to 16 bytes at least; small blocks to their size class, large blocks
     /// to their power-of-two size.
     pub fn malloc(&self, size: usize) -> *mut u8 {
-        let (p, bytes) = if size == 0 || size as u64 > self.header.geometry.data_bytes() {
-            (ptr::null_mut(), 0)
+        let (p, bytes, word) = if size == 0 || size as u64 > self.header.geometry.data_bytes() {
+            (ptr::null_mut(), 0, stat::FAILED)
         } else if size <= MAX_SMALL_SIZE {
             let p = self.ualloc().malloc(size);
             let class = SizeClass::from_size(size);
-            if !p.is_null() {
-                self.count(stat::LIVE_CLASS0 + class.index(), 1);
-            }
-            (p, class.size())
+            (p, class.size(), stat::LIVE_CLASS0 + class.index())
         } else {
-            self.alloc_large(size)
+            let (p, bytes) = self.alloc_large(size);
+            (p, bytes, stat::LIVE_LARGE)
         };
-        self.settle_malloc(size, p, bytes)
+        self.settle_malloc(size, p, bytes, word)
     }
 
     /// A TBuddy block of at least `size` bytes (whole pages, aligned to its power-of-two size),
@@ -718,7 +716,6 @@ impl<'a> DeviceHeap<'a> {
                 // INV(HP1): the first page of a live large block holds order + 1.
                 self.large[page].store_relaxed(order + 1);
                 add_reserved(self.header, (PAGE_SIZE as u64) << order);
-                self.count(stat::LIVE_LARGE, 1);
                 // SAFETY: TBuddy offsets are inside the data region.
                 (
                     unsafe { self.data.add(offset as usize) },
@@ -730,16 +727,44 @@ impl<'a> DeviceHeap<'a> {
     }
 
     /// Count a `malloc` of `size` that returned `p` (a block of `bytes`), and return `p`.
-    fn settle_malloc(&self, size: usize, p: *mut u8, bytes: usize) -> *mut u8 {
+    /// `word`: the live-block counter of the block (`LIVE_CLASS0 + class` or `LIVE_LARGE`).
+    #[inline(always)]
+    fn settle_malloc(&self, size: usize, p: *mut u8, bytes: usize, word: usize) -> *mut u8 {
         if p.is_null() {
             if size != 0 {
-                self.count(stat::FAILED, 1);
+                self.settle(stat::FAILED, 0, false);
             }
         } else {
-            self.count(stat::MALLOCS, 1);
-            self.account_live(bytes as i64);
+            self.settle(word, bytes as u64, false);
         }
         p
+    }
+
+    /// Count what one `malloc` or `free` did. `word` goes up by one, or down for the `free` of
+    /// a live block (`freed`, its `LIVE_*` word); for a block made or freed (`bytes > 0`),
+    /// `MALLOCS` or `FREES` and the live bytes move too. The lanes of a warp that did the same
+    /// (same word, size and direction) are counted by their leader, for all of them: a warp's
+    /// 32 frees of one class add to each counter once instead of 32 times. Atomics of many
+    /// lanes on one word serialize in L2, and the live-bytes add returns a value that its
+    /// lanes wait for: ncu on 2^20 frees of 16 B found 15% of the stall samples there.
+    #[inline(always)]
+    fn settle(&self, word: usize, bytes: u64, freed: bool) {
+        let group = Group::of(bytes << 8 | (freed as u64) << 7 | word as u64);
+        if !group.is_leader() {
+            return;
+        }
+        let n = group.size() as u64;
+        if bytes == 0 {
+            self.count(word, n);
+        } else if freed {
+            self.count(word, n.wrapping_neg());
+            self.count(stat::FREES, n);
+            self.account_live(((n * bytes) as i64).wrapping_neg());
+        } else {
+            self.count(word, n);
+            self.count(stat::MALLOCS, n);
+            self.account_live((n * bytes) as i64);
+        }
     }
 
     /// Allocate `size` bytes aligned to `align` (a power of two). Small blocks are aligned to
@@ -757,7 +782,7 @@ impl<'a> DeviceHeap<'a> {
         }
         // A TBuddy block is aligned to its size, at least a page.
         let (p, bytes) = self.alloc_large(size.max(align));
-        self.settle_malloc(size, p, bytes)
+        self.settle_malloc(size, p, bytes, stat::LIVE_LARGE)
     }
 
     /// Allocate `count * size` zeroed bytes (null on overflow, like C's `calloc`).
@@ -849,53 +874,37 @@ impl<'a> DeviceHeap<'a> {
         if p.is_null() {
             return;
         }
-        if !self.contains(p) {
-            self.count(stat::INVALID_FREES, 1);
-            return;
-        }
-        let bytes = if (p as usize).is_multiple_of(PAGE_SIZE) {
+        // The counter this free moves and the bytes it gives back (0: none), for `settle`.
+        let (word, bytes) = if !self.contains(p) {
+            (stat::INVALID_FREES, 0)
+        } else if (p as usize).is_multiple_of(PAGE_SIZE) {
             let offset = p as u64 - self.data as u64;
             let page = (offset >> PAGE_SHIFT) as usize;
             // INV(HP1): only the one free that swaps the order out passes the block on.
             match self.large[page].swap_acq_rel(0) {
-                0 => {
-                    self.count(stat::DOUBLE_FREES, 1);
-                    0
-                }
+                0 => (stat::DOUBLE_FREES, 0),
                 o => {
                     let order = o - 1;
                     self.buddy.free(offset, order);
                     let bytes = (PAGE_SIZE as u64) << order;
                     self.header.reserved.0.fetch_sub_relaxed(bytes);
-                    self.count(stat::LIVE_LARGE, u64::MAX);
-                    bytes
+                    (stat::LIVE_LARGE, bytes)
                 }
             }
         } else if !self.is_mapped(p) {
             // A growable heap's unmapped granule: no block there, and nothing to read.
-            self.count(stat::INVALID_FREES, 1);
-            0
+            (stat::INVALID_FREES, 0)
         } else {
             // SAFETY: `p` is inside the data region and not page-aligned (caller's contract).
             match unsafe { self.ualloc().free(p) } {
                 FreeOutcome::Freed(class) => {
-                    self.count(stat::LIVE_CLASS0 + class.index(), u64::MAX);
-                    class.size() as u64
+                    (stat::LIVE_CLASS0 + class.index(), class.size() as u64)
                 }
-                FreeOutcome::DoubleFree => {
-                    self.count(stat::DOUBLE_FREES, 1);
-                    0
-                }
-                FreeOutcome::Invalid => {
-                    self.count(stat::INVALID_FREES, 1);
-                    0
-                }
+                FreeOutcome::DoubleFree => (stat::DOUBLE_FREES, 0),
+                FreeOutcome::Invalid => (stat::INVALID_FREES, 0),
             }
         };
-        if bytes != 0 {
-            self.count(stat::FREES, 1);
-            self.account_live((bytes as i64).wrapping_neg());
-        }
+        self.settle(word, bytes, true);
     }
 }
 
