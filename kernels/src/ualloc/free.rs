@@ -39,21 +39,54 @@ struct Spot<'a> {
 /// class and owner are loaded back to back (one round trip to memory), then checked: `None`
 /// if the chunk is not live, not of `kind`, or `addr` is not the start of a slot of a carved
 /// bin. `ordered`: acquire loads, for the look inside a read section that a release relies
-/// on; without it, a hint that orders nothing (grouping lanes, choosing the arena).
+/// on; without it, a hint that orders nothing.
 #[inline(always)]
 fn locate_as(chunk: &ChunkHeader, addr: usize, kind: BinKind, ordered: bool) -> Option<Spot<'_>> {
     let (index, area) = area_of(kind == BinKind::Small, addr - chunk.base())?;
     let bin = chunk.bin_as(kind, index);
     let (live, chunk_kind) = chunk.look(ordered);
     let (class, owner) = bin.look(ordered);
-    // INV(UA8): a live chunk keeps its kind; INV(UA5): not carved → no class.
-    if !live || chunk_kind != kind.index() as u32 {
-        return None;
-    }
-    let class = class?;
-    if class.kind() != kind {
-        return None;
-    }
+    spot(
+        live && chunk_kind == kind.index() as u32,
+        kind,
+        bin,
+        area,
+        class,
+        owner,
+    )
+}
+
+/// The optimistic look, outside any read section (grouping lanes, choosing the arena): the
+/// bins `addr` would lie in under either chunk layout are loaded with the chunk's words, all
+/// back to back, so the look is one round trip to memory; the chunk's kind then picks one.
+#[inline(always)]
+fn locate_hint(chunk: &ChunkHeader, addr: usize) -> Option<Spot<'_>> {
+    let off = addr - chunk.base();
+    let small = area_of(true, off).map(|(i, area)| (chunk.bin_as(BinKind::Small, i), area));
+    let large = area_of(false, off).map(|(i, area)| (chunk.bin_as(BinKind::Large, i), area));
+    let (live, chunk_kind) = chunk.look(false);
+    let small_words = small.map(|(bin, _)| bin.look(false));
+    let large_words = large.map(|(bin, _)| bin.look(false));
+    let (kind, (bin, area), (class, owner)) = match BinKind::from_index(chunk_kind)? {
+        BinKind::Small => (BinKind::Small, small?, small_words?),
+        BinKind::Large => (BinKind::Large, large?, large_words?),
+    };
+    spot(live, kind, bin, area, class, owner)
+}
+
+/// The checks of a look, once its words are loaded: the chunk is `live` as a chunk of
+/// `kind`, and the bin (in `area` of it) is carved for a class of that kind (INV(UA5),
+/// INV(UA8): a live chunk keeps its kind) with a slot starting at the address.
+#[inline(always)]
+fn spot(
+    live: bool,
+    kind: BinKind,
+    bin: &BinHeader,
+    area: SlotArea,
+    class: Option<SizeClass>,
+    owner: u32,
+) -> Option<Spot<'_>> {
+    let class = class.filter(|c| live && c.kind() == kind)?;
     let (offset, first, limit) = match area {
         SlotArea::Body(x) => (x, 0, class.main_slots()),
         SlotArea::Tail(x) => (x, class.main_slots(), class.slots()),
@@ -141,7 +174,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         } else {
             // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
             let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-            locate(chunk, addr, false)
+            locate_hint(chunk, addr)
         };
         let key = hint.map_or(0, |s| word_key(s.bin, s.slot));
         let hint = hint.map(|s| (s.owner, s.kind));
@@ -301,7 +334,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             } else {
                 // SAFETY: the caller guarantees the block around each pointer is readable.
                 let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-                locate(chunk, addr, false)
+                locate_hint(chunk, addr)
                     .filter(|s| (s.owner as usize) < self.arenas.len())
                     .map(|s| (chunk, s.owner, s.kind))
             };
