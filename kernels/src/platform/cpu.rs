@@ -148,6 +148,11 @@ pub fn shfl_down_u32(mask: u32, value: u32, _delta: u32) -> u32 {
     debug_assert_eq!(mask, 1);
     value
 }
+/// The OR over the warp's lanes: this lane's value (a warp of one lane).
+#[inline]
+pub fn or_whole_warp_u64(value: u64) -> u64 {
+    value
+}
 #[inline]
 pub fn sync_warp(mask: u32) {
     debug_assert_eq!(mask, 1);

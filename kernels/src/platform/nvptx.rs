@@ -266,6 +266,28 @@ pub fn shfl_down_u32(mask: u32, value: u32, delta: u32) -> u32 {
     v
 }
 
+/// The OR of `value` over all 32 lanes of the warp: a butterfly of five `shfl.sync.bfly`
+/// steps per half with the constant full mask (no per-shuffle convergence check in SASS, where
+/// a variable mask costs a `MATCH` and a `REDUX` per shuffle). Convergence: all 32 lanes must
+/// call it.
+#[inline(always)]
+pub fn or_whole_warp_u64(value: u64) -> u64 {
+    #[inline(always)]
+    fn step(v: u64, delta: u32) -> u64 {
+        let (l, h): (u32, u32);
+        // SAFETY: every lane of the warp calls it (the caller's contract).
+        unsafe {
+            asm!("shfl.sync.bfly.b32 {0}, {2}, {4}, 0x1f, 0xffffffff;",
+                 "shfl.sync.bfly.b32 {1}, {3}, {4}, 0x1f, 0xffffffff;",
+                out(reg32) l, out(reg32) h, in(reg32) v as u32, in(reg32) (v >> 32) as u32,
+                in(reg32) delta, options(nomem, nostack));
+        }
+        v | (h as u64) << 32 | l as u64
+    }
+    // Written out: a loop over the deltas keeps them in local memory.
+    step(step(step(step(step(value, 16), 8), 4), 2), 1)
+}
+
 /// `bar.warp.sync`: lanes of `mask` wait for each other; also orders their memory accesses
 /// among themselves.
 #[inline(always)]

@@ -276,13 +276,21 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         let bit_index = slot % WORD_BITS as u32;
         // The group's bits: duplicates (a pointer freed twice in one call) collapse here.
-        let mut bits = 0u64;
-        let mut rest = group.mask();
-        while rest != 0 {
-            let src = rest.trailing_zeros();
-            bits |= 1u64 << platform::shfl_idx_u32(group.mask(), bit_index, src);
-            rest &= rest - 1;
-        }
+        let bits = if group.mask() == u32::MAX {
+            // The whole warp (the common case for the smallest classes): a butterfly with the
+            // constant full mask, 10 shuffles. (Uniform: a full group is the only group.)
+            platform::or_whole_warp_u64(1u64 << bit_index)
+        } else {
+            // A gather, one lane at a time (each shuffle with the group's mask).
+            let mut bits = 0u64;
+            let mut rest = group.mask();
+            while rest != 0 {
+                let src = rest.trailing_zeros();
+                bits |= 1u64 << platform::shfl_idx_u32(group.mask(), bit_index, src);
+                rest &= rest - 1;
+            }
+            bits
+        };
         // SAFETY: `bin` was located inside the read section; valid until it ends.
         let (bin, class) = (unsafe { &*bin }, SizeClass::from_index(class as usize));
         let class = class.expect("a located slot has a class");
