@@ -280,8 +280,29 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             // The whole warp (the common case for the smallest classes): a butterfly with the
             // constant full mask, 10 shuffles. (Uniform: a full group is the only group.)
             platform::or_whole_warp_u64(1u64 << bit_index)
+        } else if platform::active_mask() == u32::MAX {
+            // Every lane of the warp is here, in several groups (a warp's 64 B or 1 KB blocks
+            // over two bins' words): each lane gathers its own group's bits, all groups at
+            // once, with full-mask shuffles; the loop runs as often as the largest group has
+            // lanes. (Uniform: every lane sees the full mask and no full group.)
+            let mut bits = 0u64;
+            let mut rest = group.mask();
+            while platform::ballot_whole_warp(rest != 0) != 0 {
+                let src = if rest != 0 {
+                    rest.trailing_zeros()
+                } else {
+                    platform::lane_id()
+                };
+                let b = platform::shfl_idx_whole_warp_u32(bit_index, src);
+                if rest != 0 {
+                    bits |= 1u64 << b;
+                    rest &= rest - 1;
+                }
+            }
+            bits
         } else {
-            // A gather, one lane at a time (each shuffle with the group's mask).
+            // A gather, one lane at a time (each shuffle with the group's mask, which SASS
+            // checks for convergence every time).
             let mut bits = 0u64;
             let mut rest = group.mask();
             while rest != 0 {
