@@ -112,6 +112,12 @@ impl Group {
         if self.is_single() {
             return value;
         }
+        if self.mask == u32::MAX {
+            // The whole warp (the leader is lane 0): a shuffle with the constant full mask,
+            // which SASS issues without the convergence check (`MATCH`, `REDUX`) that a
+            // variable mask costs.
+            return platform::shfl_idx_whole_warp_u32(value, 0);
+        }
         platform::shfl_idx_u32(self.mask, value, self.leader())
     }
 
@@ -120,6 +126,12 @@ impl Group {
     pub fn broadcast_u64(&self, value: u64) -> u64 {
         if self.is_single() {
             return value;
+        }
+        if self.mask == u32::MAX {
+            // As in `broadcast_u32`.
+            let lo = platform::shfl_idx_whole_warp_u32(value as u32, 0);
+            let hi = platform::shfl_idx_whole_warp_u32((value >> 32) as u32, 0);
+            return (hi as u64) << 32 | lo as u64;
         }
         platform::shfl_idx_u64(self.mask, value, self.leader())
     }
