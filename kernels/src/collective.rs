@@ -113,10 +113,10 @@ impl Group {
             return value;
         }
         if self.mask == u32::MAX {
-            // The whole warp (the leader is lane 0): a shuffle with the constant full mask,
-            // which SASS issues without the convergence check (`MATCH`, `REDUX`) that a
-            // variable mask costs.
-            return platform::shfl_idx_whole_warp_u32(value, 0);
+            // The whole warp (the leader is lane 0): a shuffle with a constant full mask, which
+            // SASS issues without the convergence check (`MATCH`, `REDUX`) that a variable
+            // mask costs.
+            return platform::shfl_idx_u32(u32::MAX, value, 0);
         }
         platform::shfl_idx_u32(self.mask, value, self.leader())
     }
@@ -129,9 +129,7 @@ impl Group {
         }
         if self.mask == u32::MAX {
             // As in `broadcast_u32`.
-            let lo = platform::shfl_idx_whole_warp_u32(value as u32, 0);
-            let hi = platform::shfl_idx_whole_warp_u32((value >> 32) as u32, 0);
-            return (hi as u64) << 32 | lo as u64;
+            return platform::shfl_idx_u64(u32::MAX, value, 0);
         }
         platform::shfl_idx_u64(self.mask, value, self.leader())
     }

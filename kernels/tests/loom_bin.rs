@@ -217,7 +217,7 @@ fn free_group(b: &BinHeader, bits: u64) -> u64 {
     b.release_many(class(), 0, bits).old & bits
 }
 
-/// The bin's list membership, reconciled as `sync_listing` does it (under a mutex, from the
+/// The bin's list membership, reconciled as `sync_listing` and a drain do it (under a mutex, from the
 /// count it reads there) after every crossing of "full" that a claim or release reports.
 struct Listing(Mutex<bool>);
 
@@ -504,18 +504,6 @@ fn each(bins: &[u64], mut f: impl FnMut(&BinHeader)) {
     }
 }
 
-/// The list's mutex with its one bin's membership.
-struct Listing2(Mutex<bool>);
-
-impl Listing2 {
-    /// `reconcile_locked`, under the mutex.
-    fn sync(&self, b: &BinHeader) {
-        let mut listed = self.0.lock().unwrap();
-        let used = b.used_word();
-        *listed = used & !USED_COUNT_MASK == 0 && used < class().slots();
-    }
-}
-
 /// A release of a full bin (notes it, no mutex) races a claim that may take the freed slot and
 /// fill the bin again (unlinks under the mutex) and a drain. After one more drain the bin is
 /// listed whenever it has a free slot (INV(UA7)), its count is 0 and the stack is empty
@@ -525,7 +513,7 @@ fn pending_stack_keeps_a_bin_with_free_slots_findable() {
     for start_listed in [false, true] {
         loom::model(move || {
             let b = bin(class().slots());
-            let listing = Arc::new(Listing2(Mutex::new(start_listed)));
+            let listing = Arc::new(Listing(Mutex::new(start_listed)));
             let stack = Arc::new(PendingStack::new());
             let claimer = {
                 let (b, listing) = (b.clone(), listing.clone());
@@ -642,7 +630,7 @@ fn a_pinned_bin_is_not_returned_under_a_drain() {
 fn a_crossing_during_the_drain_is_settled() {
     loom::model(|| {
         let b = bin(class().slots());
-        let listing = Arc::new(Listing2(Mutex::new(false)));
+        let listing = Arc::new(Listing(Mutex::new(false)));
         let stack = Arc::new(PendingStack::new());
         // First crossing, noted; the slot is claimed again, so the bin is full once more.
         assert!(b.release_many(class(), 0, 1 << 3).was_full);

@@ -148,17 +148,6 @@ pub fn shfl_down_u32(mask: u32, value: u32, _delta: u32) -> u32 {
     debug_assert_eq!(mask, 1);
     value
 }
-/// A ballot over the warp (one lane).
-#[inline]
-pub fn ballot_whole_warp(pred: bool) -> u32 {
-    pred as u32
-}
-/// A shuffle over the warp (one lane: its own value).
-#[inline]
-pub fn shfl_idx_whole_warp_u32(value: u32, src: u32) -> u32 {
-    debug_assert_eq!(src, 0);
-    value
-}
 /// The OR over the warp's lanes: this lane's value (a warp of one lane).
 #[inline]
 pub fn or_whole_warp_u64(value: u64) -> u64 {

@@ -288,31 +288,6 @@ pub fn or_whole_warp_u64(value: u64) -> u64 {
     step(step(step(step(step(value, 16), 8), 4), 2), 1)
 }
 
-/// [`ballot`] over the whole warp (constant full mask). Convergence: all 32 lanes must call it.
-#[inline(always)]
-pub fn ballot_whole_warp(pred: bool) -> u32 {
-    let v: u32;
-    // SAFETY: every lane of the warp calls it (the caller's contract).
-    unsafe {
-        asm!("{{ .reg .pred p; setp.ne.u32 p, {1}, 0; vote.sync.ballot.b32 {0}, p, 0xffffffff; }}",
-            out(reg32) v, in(reg32) pred as u32, options(nomem, nostack));
-    }
-    v
-}
-
-/// [`shfl_idx_u32`] over the whole warp (constant full mask): each lane may read a different
-/// lane. Convergence: all 32 lanes must call it.
-#[inline(always)]
-pub fn shfl_idx_whole_warp_u32(value: u32, src: u32) -> u32 {
-    let v: u32;
-    // SAFETY: every lane of the warp calls it (the caller's contract).
-    unsafe {
-        asm!("shfl.sync.idx.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;",
-            out(reg32) v, in(reg32) value, in(reg32) src, options(nomem, nostack));
-    }
-    v
-}
-
 /// `bar.warp.sync`: lanes of `mask` wait for each other; also orders their memory accesses
 /// among themselves.
 #[inline(always)]

@@ -7,8 +7,8 @@ use crate::collective::Group;
 use crate::platform::{self, Backoff};
 use crate::rcu::SrcuReader;
 use crate::size_class::{BinKind, MAX_SMALL_SIZE, SizeClass};
-use crate::ualloc::arena::{Arena, BinList, bin_at};
-use crate::ualloc::bin::{BinHeader, Claim, USED_COUNT_MASK};
+use crate::ualloc::arena::{Arena, bin_at};
+use crate::ualloc::bin::{BinHeader, Claim};
 use crate::ualloc::chunk::chunk_base;
 use crate::ualloc::layout::{
     BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
@@ -54,22 +54,16 @@ fn nth_set_bit(bits: u64, n: u32) -> u32 {
 pub(crate) fn sync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
     let list = &arena.class(class).list.0;
     list.lock.lock_single();
-    reconcile_locked(list, class, bin);
-    list.lock.unlock();
-}
-
-/// The body of [`sync_listing`], with the list's mutex held.
-fn reconcile_locked(list: &BinList, class: SizeClass, bin: &BinHeader) {
     // Relaxed: the mutex orders this load after the transition of every earlier caller, and
-    // our own transition is before it in program order.
-    let used = bin.used_word();
-    let want = used & !USED_COUNT_MASK == 0 && used < class.slots();
+    // our own transition is before it in program order. Retired counts as full.
+    let want = bin.used_count() < class.slots();
     let listed = bin.listed.load_relaxed() != 0;
     if want && !listed {
         list.push_locked(bin);
     } else if !want && listed {
         list.unlink_locked(bin);
     }
+    list.lock.unlock();
 }
 
 /// After a crossing of "full" downwards: `bin` (of `class`, carved by `arena`; the caller is
@@ -105,8 +99,7 @@ pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
             let bin = unsafe { bin_at(at) };
             // Relaxed: the drain's fence orders these loads after the crossings it settles,
             // and the mutex after every other listing change.
-            let used = bin.used_word();
-            let want = used & !USED_COUNT_MASK == 0 && used < class.slots();
+            let want = bin.used_count() < class.slots();
             let listed = bin.listed.load_relaxed() != 0;
             if want && !listed {
                 head = list.chain_locked(bin, head);

@@ -80,6 +80,12 @@ pub struct BinHeader {
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::size_of::<BinHeader>() == crate::ualloc::layout::BIN_HEADER_SIZE);
 
+/// The class an `info` word names (INV(UA5): 0, not carved, names none).
+#[inline(always)]
+fn class_of(info: u32) -> Option<SizeClass> {
+    SizeClass::from_index((info as usize).wrapping_sub(1))
+}
+
 /// What one [`BinHeader::claim`] got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claim {
@@ -195,16 +201,7 @@ impl BinHeader {
     #[inline(always)]
     pub fn class(&self) -> Option<SizeClass> {
         // Acquire: pairs with the release in `init`.
-        let info = self.info.load_acquire();
-        SizeClass::from_index((info as usize).wrapping_sub(1))
-    }
-
-    /// The class as a relaxed snapshot: a hint that orders nothing (grouping lanes before
-    /// the validated look).
-    #[inline(always)]
-    pub fn class_hint(&self) -> Option<SizeClass> {
-        let info = self.info.load_relaxed();
-        SizeClass::from_index((info as usize).wrapping_sub(1))
+        class_of(self.info.load_acquire())
     }
 
     /// The arena that carved the bin (INV(UA12)). Relaxed: read after [`class`](Self::class)
@@ -223,11 +220,7 @@ impl BinHeader {
         } else {
             self.info.load_relaxed()
         };
-        let owner = self.owner.load_relaxed();
-        (
-            SizeClass::from_index((info as usize).wrapping_sub(1)),
-            owner,
-        )
+        (class_of(info), self.owner.load_relaxed())
     }
 
     /// Crossings noted and not yet settled by a drain (INV(UA13)); 0 when the bin is on no

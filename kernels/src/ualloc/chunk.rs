@@ -127,12 +127,6 @@ impl ChunkHeader {
         self.magic.load_acquire() == magic_of(self.base())
     }
 
-    /// [`is_live`](Self::is_live) as a relaxed snapshot: a hint that orders nothing.
-    #[inline(always)]
-    pub fn is_live_hint(&self) -> bool {
-        self.magic.load_relaxed() == magic_of(self.base())
-    }
-
     /// The chunk's bin kind (valid while live).
     #[inline(always)]
     pub fn kind(&self) -> BinKind {
@@ -142,10 +136,7 @@ impl ChunkHeader {
     /// Bin `bin`'s header.
     #[inline(always)]
     pub fn bin(&self, bin: usize) -> &BinHeader {
-        let addr = self.base() + bin_offset(self.kind(), bin);
-        // SAFETY: bin headers lie inside the chunk (layout asserts), which is readable while
-        // `self` is; they are only accessed atomically.
-        unsafe { &*(addr as *const BinHeader) }
+        self.bin_as(self.kind(), bin)
     }
 
     /// Bin `bin`'s header in a chunk of `kind` (no load: the caller knows, or guesses, the
@@ -153,7 +144,8 @@ impl ChunkHeader {
     #[inline(always)]
     pub fn bin_as(&self, kind: BinKind, bin: usize) -> &BinHeader {
         let addr = self.base() + bin_offset(kind, bin);
-        // SAFETY: as in `bin`.
+        // SAFETY: bin headers lie inside the chunk (layout asserts), which is readable while
+        // `self` is; they are only accessed atomically.
         unsafe { &*(addr as *const BinHeader) }
     }
 

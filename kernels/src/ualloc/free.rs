@@ -287,13 +287,13 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             // lanes. (Uniform: every lane sees the full mask and no full group.)
             let mut bits = 0u64;
             let mut rest = group.mask();
-            while platform::ballot_whole_warp(rest != 0) != 0 {
+            while platform::ballot(u32::MAX, rest != 0) != 0 {
                 let src = if rest != 0 {
                     rest.trailing_zeros()
                 } else {
                     platform::lane_id()
                 };
-                let b = platform::shfl_idx_whole_warp_u32(bit_index, src);
+                let b = platform::shfl_idx_u32(u32::MAX, bit_index, src);
                 if rest != 0 {
                     bits |= 1u64 << b;
                     rest &= rest - 1;

@@ -147,9 +147,7 @@ impl PendingStack {
             backoff.snooze();
         }
     }
-}
 
-impl PendingStack {
     /// Call `f` on every bin on the stack and return how many there are (quiescent checks:
     /// no push or drain may run).
     pub fn for_each_quiescent(&self, mut f: impl FnMut(&BinHeader)) -> u32 {
