@@ -21,7 +21,8 @@
 //! `free` tells UAlloc blocks from TBuddy pages.
 
 use crate::ualloc::layout::{
-    BIN_HEADER_SIZE, BITMAP_WORDS, LARGE_BIN_SIZE, MAX_SLOTS, PAGE_SIZE, TAIL_SIZE, WORD_BITS,
+    BIN_HEADER_SIZE, BITMAP_WORDS, LARGE_BIN_SIZE, LARGE_BINS, MAX_SLOTS, PAGE_SIZE, SMALL_BINS,
+    TAIL_SIZE, WORD_BITS,
 };
 
 /// log2 of the smallest class.
@@ -212,6 +213,43 @@ impl SizeClass {
     }
 }
 
+/// Slots a refill aims to carve at once while chunks are plentiful: about 1024 from the
+/// small bins (4 bins of 16 B, 8 of 32 and 64 B), about 128 from the large ones (1 KB: two
+/// bins). See [`SizeClass::refill_bins`].
+const REFILL_SLOTS: [u32; NUM_KINDS] = [1024, 128];
+/// The most bins one refill carves (small bins: 32 KB).
+pub const MAX_REFILL_BINS: u32 = 8;
+
+impl SizeClass {
+    /// Bins a refill of this class carves at once while the heap has chunks to spare
+    /// (`ualloc::refill`): enough for [`REFILL_SLOTS`] slots, at most [`MAX_REFILL_BINS`] and
+    /// at most a chunk's bins. Each refill goes through the arena's chunk-list and class-list
+    /// mutexes once, so carving several bins per refill divides the refills of a fresh heap
+    /// (2^20 × 64 B: 124 per arena with one bin each) by this factor.
+    ///
+    /// One bin for a class whose bin holds fewer than two groups (128 B, 2 KB, 4 KB): a
+    /// refill's promise (`slots - k`) then covers no other group, so every group that finds the
+    /// semaphore short refills at once, and each would carve several bins: at 2^20 × 4 KB that
+    /// adopted a chunk per refill and was 39% slower (docs/benchmarks.md).
+    #[inline(always)]
+    pub const fn refill_bins(self) -> u32 {
+        if self.slots() < 2 * self.max_group() {
+            return 1;
+        }
+        let (target, chunk_bins) = match self.kind() {
+            BinKind::Small => (REFILL_SLOTS[0], SMALL_BINS as u32),
+            BinKind::Large => (REFILL_SLOTS[1], LARGE_BINS as u32),
+        };
+        let want = target.div_ceil(self.slots());
+        let cap = if chunk_bins < MAX_REFILL_BINS {
+            chunk_bins
+        } else {
+            MAX_REFILL_BINS
+        };
+        if want < cap { want } else { cap }
+    }
+}
+
 // Every class fits the bitmap, and a group asking for one class fits in one bin (INV(UA6)).
 const _: () = {
     let mut i = 0;
@@ -220,6 +258,7 @@ const _: () = {
         assert!(c.slots() as usize <= MAX_SLOTS);
         assert!(c.bitmap_words() <= BITMAP_WORDS);
         assert!(c.slots() >= c.max_group() && c.max_group() > 0);
+        assert!(c.refill_bins() >= 1 && c.refill_bins() <= MAX_REFILL_BINS);
         i += 1;
     }
 };
@@ -227,6 +266,13 @@ const _: () = {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refill_bins_per_class() {
+        let bins = SizeClass::ALL.map(|c| c.refill_bins());
+        // 16 B … 4 KB: 256, 128, 64, 32, 408, 204, 102, 51, 25 slots per bin.
+        assert_eq!(bins, [4, 8, 8, 1, 1, 1, 2, 1, 1]);
+    }
 
     #[test]
     fn from_size_rounds_up_to_powers_of_two() {

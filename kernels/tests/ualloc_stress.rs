@@ -256,6 +256,30 @@ fn every_class_alone() {
     });
 }
 
+/// A refill carves `refill_bins` bins at once while the source holds at least four chunks per
+/// arena, and one bin when it holds fewer: the class's semaphore holds exactly their slots but
+/// the one taken, and everything goes back.
+#[test]
+fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
+    with_deadline(|| {
+        for (chunks, plenty) in [(8, true), (3, false)] {
+            let (arenas, source) = heap(1, chunks);
+            let ua = ualloc(arenas, &source);
+            let shadow = Shadow::default();
+            for class in SizeClass::ALL {
+                let p = ua.malloc(class.size());
+                adopt_block(&ua, &shadow, p, class.size(), 1);
+                let bins = if plenty { class.refill_bins() } else { 1 };
+                let (free, _, _) = arenas[0].slot_counters(class);
+                assert_eq!(free, bins * class.slots() - 1, "{class:?}, {chunks} chunks");
+                ua.assert_valid();
+                release_block(&ua, &shadow, p, 1);
+                assert_all_returned(&ua, &source);
+            }
+        }
+    });
+}
+
 /// Threads allocate mixed sizes, free their own blocks and hand others to other threads
 /// through channels; the shadow oracle checks every block for overlap and its pattern before
 /// it is freed.

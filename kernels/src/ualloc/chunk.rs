@@ -218,6 +218,19 @@ impl ChunkHeader {
         None
     }
 
+    /// The first free bin at index `from` or after it (under the mutex).
+    pub fn next_free_bin(&self, from: usize) -> Option<usize> {
+        let mut w = from / WORD_BITS;
+        let mut bits = self.free_bins.get(w)?.load_relaxed() & (u64::MAX << (from % WORD_BITS));
+        loop {
+            if bits != 0 {
+                return Some(w * WORD_BITS + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            bits = self.free_bins.get(w)?.load_relaxed();
+        }
+    }
+
     /// Mark bin `bin` taken (under the mutex).
     pub fn take_bin(&self, bin: usize) {
         let bit = 1u64 << (bin % WORD_BITS);
@@ -250,5 +263,23 @@ mod tests {
         assert_eq!(initial_free_word(1, 124, 0), (1 << 60) - 1);
         assert_eq!(initial_free_word(0, 5, 2), 0b11100);
         assert_eq!(initial_free_word(1, 5, 2), 0);
+    }
+
+    #[test]
+    fn next_free_bin_scans_both_words() {
+        let mut memory = std::vec![0u8; 2 * CHUNK_SIZE];
+        let base = (memory.as_mut_ptr() as usize).next_multiple_of(CHUNK_SIZE);
+        // SAFETY: `base` is a chunk-aligned span inside `memory`, which outlives the header.
+        let chunk = unsafe { ChunkHeader::adopt(base, 0, BinKind::Small, 0) };
+        for taken in [0, 1, 2, 63, 64, 100] {
+            chunk.take_bin(taken);
+        }
+        assert_eq!(chunk.next_free_bin(0), Some(3));
+        assert_eq!(chunk.next_free_bin(62), Some(62));
+        assert_eq!(chunk.next_free_bin(63), Some(65));
+        assert_eq!(chunk.next_free_bin(101), Some(101));
+        assert_eq!(chunk.next_free_bin(123), Some(123));
+        assert_eq!(chunk.next_free_bin(124), None);
+        assert_eq!(chunk.next_free_bin(128), None);
     }
 }

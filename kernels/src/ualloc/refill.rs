@@ -38,6 +38,35 @@ pub(crate) fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, us
     }
 }
 
+/// Chunks per arena the source must still hold for a refill to carve several bins at once
+/// ([`SizeClass::refill_bins`]); below it a refill carves one (a small or nearly full heap).
+pub(crate) const PLENTY_CHUNKS_PER_ARENA: usize = 4;
+
+/// Bins a refill took, chained through their `next` in the order taken (they are ours alone
+/// until they are listed).
+#[derive(Default)]
+struct Chain {
+    first: u64,
+    last: u64,
+    count: u32,
+}
+
+impl Chain {
+    fn add(&mut self, addr: u64) {
+        // SAFETY: a bin just taken off its chunk is ours alone.
+        let bin = unsafe { bin_at(addr) };
+        bin.next.store_relaxed(0);
+        if self.first == 0 {
+            self.first = addr;
+        } else {
+            // SAFETY: as above, for the bin taken before it.
+            unsafe { bin_at(self.last) }.next.store_relaxed(addr);
+        }
+        self.last = addr;
+        self.count += 1;
+    }
+}
+
 /// Steps a trim takes along one bin list before it stops (a list that bins keep rejoining
 /// under it could otherwise be walked forever); far more bins than an arena's class holds.
 const TRIM_SCAN_LIMIT: u32 = 1 << 20;
@@ -81,63 +110,102 @@ fn retire_empty_bins(arena: &Arena, class: SizeClass) -> u32 {
 
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// The slow path of malloc (`alloc_slow`): after `MustRefill` on the class's slots
-    /// semaphore, carve a new bin with its first `k` slots taken, list it, and signal the rest
-    /// (or retract the promise when out of memory, INV(SEM4)). Returns the bin's address.
+    /// semaphore, carve new bins (the first with its first `k` slots taken), list them, and
+    /// signal the rest (or retract the promise when out of memory, INV(SEM4)). Returns the
+    /// first bin's address.
+    ///
+    /// While the source has chunks to spare ([`PLENTY_CHUNKS_PER_ARENA`]) a refill carves
+    /// [`SizeClass::refill_bins`] bins at once, and signals all their slots against the one
+    /// bin its `wait` promised (INV(SEM4): a refill may make more units than it promised). A
+    /// fresh heap then pays the two list mutexes once per several bins. Otherwise it carves
+    /// one, so that no arena holds bins it does not need when memory is short.
     #[cold]
     #[inline(never)]
     pub(crate) fn alloc_slow(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
         let arena = &self.arenas[ai];
         let slots = &arena.class(class).slots.0;
-        let rest = class.slots() - k;
+        let promised = class.slots() - k;
         let mut retries = 0;
         let kind = class.kind();
-        // Where a fresh bin comes from, in order: this arena's chunks; when the source holds
+        let chunks_left = self.source.chunks_left();
+        let want = if chunks_left >= self.arenas.len() * PLENTY_CHUNKS_PER_ARENA {
+            class.refill_bins()
+        } else {
+            1
+        };
+        // The bins taken, chained through `next` (exclusively ours until listed).
+        let mut chain = Chain::default();
+        // Where fresh bins come from, in order: this arena's chunks; when the source holds
         // fewer chunks than there are arenas (a small heap, or one nearly full), another
         // arena's chunks before a new chunk, so that a few SMs do not hold every chunk while
         // the others have none; the source; other arenas' chunks; and after a trim, all again.
-        let scarce = self.source.chunks_left() < self.arenas.len();
-        let first = if scarce && arena.kind(kind).bins.0.available() == 0 {
-            self.take_bin_elsewhere(ai, kind)
-        } else {
-            None
-        };
-        let addr = loop {
-            if let Some(addr) = first {
-                break addr;
+        if chunks_left < self.arenas.len() && arena.kind(kind).bins.0.available() == 0 {
+            if let Some(addr) = self.take_bin_elsewhere(ai, kind) {
+                chain.add(addr);
             }
-            if let Some(addr) = self.take_bin(ai, kind) {
-                break addr;
+        }
+        while chain.first == 0 {
+            if self.take_bins(ai, kind, want, |addr| chain.add(addr)) {
+                break;
             }
             // No chunk of our own: a free bin in another arena's chunks (steal.rs) comes
             // before a trim, which walks every arena and waits for grace periods.
             if let Some(addr) = self.take_bin_elsewhere(ai, kind) {
-                break addr;
+                chain.add(addr);
+                break;
             }
             // Out of chunks. Empty bins of other classes, and bins and chunks on their way
             // back, may be what is missing: give them back and try again before failing.
             let progress = retries < OOM_RETRIES && self.trim() > 0;
             if !progress && retries > 0 || retries == OOM_RETRIES {
-                slots.retract(rest);
+                slots.retract(promised);
                 return None;
             }
             retries += 1;
-        };
-        // SAFETY: `take_bin` handed us this bin of a live chunk, exclusively.
-        let bin = unsafe { bin_at(addr) };
-        // INV(UA12): ours, wherever its chunk is.
-        bin.init_for(ai as u32, class, k);
-        if rest > 0 {
+        }
+        // Carve them: INV(UA12): ours, wherever their chunks are. The chain is in the order
+        // taken; the first bin keeps the group's `k` slots.
+        let mut at = chain.first;
+        let mut claimed = k;
+        while at != 0 {
+            // SAFETY: `take_bins`/`take_bin_elsewhere` handed us these bins of live chunks,
+            // exclusively.
+            let bin = unsafe { bin_at(at) };
+            let next = bin.next.load_relaxed();
+            bin.init_for(ai as u32, class, claimed);
+            bin.next.store_relaxed(next);
+            claimed = 0;
+            at = next;
+        }
+        let made = chain.count * class.slots() - k;
+        if made > 0 {
             let list = &arena.class(class).list.0;
             list.lock.lock_single();
-            // A drain of this arena's chunks may have linked the bin already (alloc.rs).
-            if bin.listed.load_relaxed() == 0 {
-                list.push_locked(bin);
+            let old = list.head.load_relaxed();
+            let mut head = old;
+            let mut at = chain.first;
+            while at != 0 {
+                // SAFETY: as above.
+                let bin = unsafe { bin_at(at) };
+                let next = bin.next.load_relaxed();
+                // Listed iff not full (INV(UA7)): only the first can be full (`k == slots`).
+                // A drain of the pending stack may have linked it already (alloc.rs).
+                if bin.used_count() < class.slots() && bin.listed.load_relaxed() == 0 {
+                    head = list.chain_locked(bin, head);
+                }
+                at = next;
+            }
+            if head != old {
+                // Release: pairs with the acquire load of `head` in `ListClaimer` (the carved
+                // bins and their links are visible to a reader that sees the new head).
+                list.head.store_release(head);
             }
             list.lock.unlock();
         }
-        // INV(UA2): the bin is listed before its units are.
-        slots.signal(rest, rest);
-        Some(addr)
+        // INV(UA2): the bins are listed before their units are. INV(SEM4): the promise was
+        // one bin's; `made` may be more.
+        slots.signal(made, promised);
+        Some(chain.first)
     }
 
     /// Give back what UAlloc holds but does not use: every empty bin of every arena goes back
@@ -196,24 +264,26 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         done
     }
 
-    /// One fresh bin of `kind` for each lane that calls this now (collective over those
-    /// lanes, grouped by arena and kind; collective.rs rules: straight-line code, the branches
-    /// below depend on broadcast values only). The group takes `k` units of the bins semaphore
-    /// with one `wait`, enters the chunk list with one lock, each member walks to the free bin
-    /// at its rank, and the last member splits the exhausted chunks off the list.
+    /// `want` fresh bins of `kind` for each lane that calls this now, each passed to `take` in
+    /// list order; false when the arena has none and the source is out of memory. Collective
+    /// over those lanes, grouped by arena, kind and `want` (collective.rs rules: straight-line
+    /// code, the branches below depend on broadcast values only). The group takes its bins'
+    /// units of the bins semaphore with one `wait`, enters the chunk list with one lock, each
+    /// member takes the free bins at its ranks, and the last member splits the exhausted
+    /// chunks off the list.
     #[cold]
     #[inline(never)]
-    fn take_bin(&self, ai: usize, kind: BinKind) -> Option<u64> {
+    fn take_bins(&self, ai: usize, kind: BinKind, want: u32, mut take: impl FnMut(u64)) -> bool {
         let ks = self.arenas[ai].kind(kind);
         let per = bins_per_chunk(kind);
+        debug_assert!(want >= 1 && want <= per);
         // Lanes that reached malloc apart (each a group of its own) can meet here, up to a
-        // whole warp: more than a large chunk's five bins. Cut the group so that each part
-        // waits for at most one chunk's worth (a batch smaller than the request would
-        // underflow E, INV(SEM4)).
-        let group = Group::of(KIND_GROUP_TAG | (ai as u64) << 8 | kind.index() as u64).split(per);
-        let k = group.size();
-        let rank = group.rank();
-        debug_assert!(k <= per);
+        // whole warp. Cut the group so that it waits for at most one chunk's worth (a batch
+        // smaller than the request would underflow E, INV(SEM4)).
+        let key = KIND_GROUP_TAG | (want as u64) << 32 | (ai as u64) << 8 | kind.index() as u64;
+        let group = Group::of(key).split(per / want);
+        let k = group.size() * want;
+        let first = group.rank() * want;
         let acquired = if group.is_leader() {
             (ks.bins.0.wait(k, per) == Wait::Acquired) as u32
         } else {
@@ -226,23 +296,45 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 0
             };
             let chunk = group.broadcast_u64(chunk);
-            return if chunk == 0 {
-                None
-            } else {
-                Some(chunk + bin_offset(kind, rank as usize) as u64)
-            };
+            if chunk == 0 {
+                return false;
+            }
+            for index in first..first + want {
+                take(chunk + bin_offset(kind, index as usize) as u64);
+            }
+            return true;
         }
         let list = &ks.chunks.0;
         list.lock.lock(&group);
-        // Phase 1, read-only: find this member's bin.
-        let (chunk, index) = nth_free_bin(list, rank);
+        // Phase 1, read-only: find this member's first bin.
+        let (mut chunk, mut index) = nth_free_bin(list, first);
         group.sync();
-        // Phase 2: take it (members take distinct bits).
-        chunk.take_bin(index);
+        // Phase 2: take it and the free bins after it in list order, `want` in all. Members
+        // take disjoint runs: the bins before `first` are the lower ranks', and this member
+        // stops before the next rank's run begins.
+        let mut taken = 0;
+        loop {
+            chunk.take_bin(index);
+            take((chunk.base() + bin_offset(kind, index)) as u64);
+            taken += 1;
+            if taken == want {
+                break;
+            }
+            // INV(UA9): the units we hold are free bins on the partial list, after this one.
+            let mut next = chunk.next_free_bin(index + 1);
+            while next.is_none() {
+                let at = chunk.next.load_relaxed();
+                assert!(at != 0, "INV(UA9): fewer free bins than semaphore units");
+                // SAFETY: chunks on the partial list are live (INV(UA10)).
+                chunk = unsafe { chunk_at(at) };
+                next = chunk.next_free_bin(0);
+            }
+            index = next.unwrap_or_default();
+        }
         group.sync();
         // Phase 3: the highest rank took the last bin in list order; every chunk before its
         // own is now full: split them off (INV(UA10)).
-        if rank == k - 1 {
+        if group.rank() == group.size() - 1 {
             let stop = if chunk.n_free.load_relaxed() == 0 {
                 chunk.next.load_relaxed()
             } else {
@@ -263,7 +355,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
         }
         list.lock.unlock();
-        Some((chunk.base() + bin_offset(kind, index)) as u64)
+        true
     }
 
     /// After `MustRefill` on the bins semaphore: adopt a chunk from the source with its first
