@@ -230,6 +230,24 @@ impl BinList {
         me
     }
 
+    /// Link the chain `head ..= tail` at the head (under `lock`): bins already linked to each
+    /// other through `next`/`prev` and marked listed, `head.prev == 0`. Published with one
+    /// release store, like [`push_locked`](Self::push_locked).
+    pub(crate) fn splice_locked(&self, head: u64, tail: u64) {
+        debug_assert!(self.lock.is_locked());
+        let old = self.head.load_relaxed();
+        // SAFETY: the chain's bins are carved and ours until published; listed bins are live
+        // (INV(UA7)).
+        unsafe { bin_at(tail) }.next.store_relaxed(old);
+        if old != 0 {
+            // SAFETY: as above.
+            unsafe { bin_at(old) }.prev.store_relaxed(tail);
+        }
+        // Release: pairs with the acquire load of `head` in `ListClaimer` (the chain's bins,
+        // their initialization and links happen before a reader reaches them).
+        self.head.store_release(head);
+    }
+
     /// Unlink `bin` (under `lock`). `bin.next` is kept, so a reader standing on `bin` walks on
     /// into the list.
     pub(crate) fn unlink_locked(&self, bin: &BinHeader) {

@@ -42,31 +42,6 @@ pub(crate) fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, us
 /// ([`SizeClass::refill_bins`]); below it a refill carves one (a small or nearly full heap).
 pub(crate) const PLENTY_CHUNKS_PER_ARENA: usize = 4;
 
-/// Bins a refill took, chained through their `next` in the order taken (they are ours alone
-/// until they are listed).
-#[derive(Default)]
-struct Chain {
-    first: u64,
-    last: u64,
-    count: u32,
-}
-
-impl Chain {
-    fn add(&mut self, addr: u64) {
-        // SAFETY: a bin just taken off its chunk is ours alone.
-        let bin = unsafe { bin_at(addr) };
-        bin.next.store_relaxed(0);
-        if self.first == 0 {
-            self.first = addr;
-        } else {
-            // SAFETY: as above, for the bin taken before it.
-            unsafe { bin_at(self.last) }.next.store_relaxed(addr);
-        }
-        self.last = addr;
-        self.count += 1;
-    }
-}
-
 /// Steps a trim takes along one bin list before it stops (a list that bins keep rejoining
 /// under it could otherwise be walked forever); far more bins than an arena's class holds.
 const TRIM_SCAN_LIMIT: u32 = 1 << 20;
@@ -133,25 +108,26 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         } else {
             1
         };
-        // The bins taken, chained through `next` (exclusively ours until listed).
-        let mut chain = Chain::default();
         // Where fresh bins come from, in order: this arena's chunks; when the source holds
         // fewer chunks than there are arenas (a small heap, or one nearly full), another
         // arena's chunks before a new chunk, so that a few SMs do not hold every chunk while
         // the others have none; the source; other arenas' chunks; and after a trim, all again.
-        if chunks_left < self.arenas.len() && arena.kind(kind).bins.0.available() == 0 {
-            if let Some(addr) = self.take_bin_elsewhere(ai, kind) {
-                chain.add(addr);
-            }
-        }
-        while chain.first == 0 {
-            if self.take_bins(ai, kind, want, |addr| chain.add(addr)) {
+        let lone = |addr: Option<u64>| addr.map_or((0, 0), |a| (a, 1));
+        let mut taken =
+            if chunks_left < self.arenas.len() && arena.kind(kind).bins.0.available() == 0 {
+                lone(self.take_bin_elsewhere(ai, kind))
+            } else {
+                (0, 0)
+            };
+        while taken.1 == 0 {
+            taken = self.take_bins(ai, kind, want);
+            if taken.1 > 0 {
                 break;
             }
             // No chunk of our own: a free bin in another arena's chunks (steal.rs) comes
             // before a trim, which walks every arena and waits for grace periods.
-            if let Some(addr) = self.take_bin_elsewhere(ai, kind) {
-                chain.add(addr);
+            taken = lone(self.take_bin_elsewhere(ai, kind));
+            if taken.1 > 0 {
                 break;
             }
             // Out of chunks. Empty bins of other classes, and bins and chunks on their way
@@ -163,49 +139,51 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             retries += 1;
         }
-        // Carve them: INV(UA12): ours, wherever their chunks are. The chain is in the order
-        // taken; the first bin keeps the group's `k` slots.
-        let mut at = chain.first;
-        let mut claimed = k;
-        while at != 0 {
+        let (first, count) = taken;
+        // Carve them (INV(UA12): ours, wherever their chunks are; the first keeps the group's
+        // `k` slots), and chain those to list, all but a full first one, through their links
+        // (INV(UA7)): stores only, so the list's mutex is held for one splice. The bins are
+        // ours alone until the splice publishes them; only a chain of several costs loads.
+        let (mut head, mut tail) = (0, 0);
+        let mut at = first;
+        for i in 0..count {
             // SAFETY: `take_bins`/`take_bin_elsewhere` handed us these bins of live chunks,
             // exclusively.
             let bin = unsafe { bin_at(at) };
-            let next = bin.next.load_relaxed();
+            let next = if i + 1 < count {
+                bin.next.load_relaxed()
+            } else {
+                0
+            };
+            let claimed = if i == 0 { k } else { 0 };
             bin.init_for(ai as u32, class, claimed);
-            bin.next.store_relaxed(next);
-            claimed = 0;
+            if claimed < class.slots() {
+                // Appended, so that the first bin, which has the fewest free slots, is the
+                // head and fills first (a warp's blocks then share bins, and its frees are
+                // fewer groups: 64 B free was 12% slower with the last bin at the head).
+                if tail == 0 {
+                    head = at;
+                } else {
+                    // SAFETY: as above.
+                    unsafe { bin_at(tail) }.next.store_relaxed(at);
+                    bin.prev.store_relaxed(tail);
+                }
+                bin.listed.store_relaxed(1);
+                tail = at;
+            }
             at = next;
         }
-        let made = chain.count * class.slots() - k;
-        if made > 0 {
+        if head != 0 {
             let list = &arena.class(class).list.0;
             list.lock.lock_single();
-            let old = list.head.load_relaxed();
-            let mut head = old;
-            let mut at = chain.first;
-            while at != 0 {
-                // SAFETY: as above.
-                let bin = unsafe { bin_at(at) };
-                let next = bin.next.load_relaxed();
-                // Listed iff not full (INV(UA7)): only the first can be full (`k == slots`).
-                // A drain of the pending stack may have linked it already (alloc.rs).
-                if bin.used_count() < class.slots() && bin.listed.load_relaxed() == 0 {
-                    head = list.chain_locked(bin, head);
-                }
-                at = next;
-            }
-            if head != old {
-                // Release: pairs with the acquire load of `head` in `ListClaimer` (the carved
-                // bins and their links are visible to a reader that sees the new head).
-                list.head.store_release(head);
-            }
+            list.splice_locked(head, tail);
             list.lock.unlock();
         }
+        let made = count * class.slots() - k;
         // INV(UA2): the bins are listed before their units are. INV(SEM4): the promise was
         // one bin's; `made` may be more.
         slots.signal(made, promised);
-        Some(chain.first)
+        Some(first)
     }
 
     /// Give back what UAlloc holds but does not use: every empty bin of every arena goes back
@@ -264,16 +242,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         done
     }
 
-    /// `want` fresh bins of `kind` for each lane that calls this now, each passed to `take` in
-    /// list order; false when the arena has none and the source is out of memory. Collective
-    /// over those lanes, grouped by arena, kind and `want` (collective.rs rules: straight-line
-    /// code, the branches below depend on broadcast values only). The group takes its bins'
-    /// units of the bins semaphore with one `wait`, enters the chunk list with one lock, each
-    /// member takes the free bins at its ranks, and the last member splits the exhausted
-    /// chunks off the list.
+    /// `want` fresh bins of `kind` for each lane that calls this now: `(first, want)`, the
+    /// others chained after the first through `next` in the order taken; `(0, 0)` when the
+    /// arena has none and the source is out of memory. Collective over those lanes, grouped by
+    /// arena, kind and `want` (collective.rs rules: straight-line code, the branches below
+    /// depend on broadcast values only). The group takes its bins' units of the bins semaphore
+    /// with one `wait`, enters the chunk list with one lock, each member takes the free bins
+    /// at its ranks, and the last member splits the exhausted chunks off the list.
     #[cold]
     #[inline(never)]
-    fn take_bins(&self, ai: usize, kind: BinKind, want: u32, mut take: impl FnMut(u64)) -> bool {
+    fn take_bins(&self, ai: usize, kind: BinKind, want: u32) -> (u64, u32) {
         let ks = self.arenas[ai].kind(kind);
         let per = bins_per_chunk(kind);
         debug_assert!(want >= 1 && want <= per);
@@ -297,12 +275,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             };
             let chunk = group.broadcast_u64(chunk);
             if chunk == 0 {
-                return false;
+                return (0, 0);
             }
-            for index in first..first + want {
-                take(chunk + bin_offset(kind, index as usize) as u64);
+            let bin = |index: u32| chunk + bin_offset(kind, index as usize) as u64;
+            for index in first + 1..first + want {
+                // SAFETY: bins of the chunk we adopted, ours alone.
+                unsafe { bin_at(bin(index - 1)) }
+                    .next
+                    .store_relaxed(bin(index));
             }
-            return true;
+            return (bin(first), want);
         }
         let list = &ks.chunks.0;
         list.lock.lock(&group);
@@ -312,14 +294,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // Phase 2: take it and the free bins after it in list order, `want` in all. Members
         // take disjoint runs: the bins before `first` are the lower ranks', and this member
         // stops before the next rank's run begins.
-        let mut taken = 0;
-        loop {
-            chunk.take_bin(index);
-            take((chunk.base() + bin_offset(kind, index)) as u64);
-            taken += 1;
-            if taken == want {
-                break;
-            }
+        let mut taken = 1;
+        chunk.take_bin(index);
+        let head = (chunk.base() + bin_offset(kind, index)) as u64;
+        let mut last = head;
+        while taken < want {
             // INV(UA9): the units we hold are free bins on the partial list, after this one.
             let mut next = chunk.next_free_bin(index + 1);
             while next.is_none() {
@@ -330,6 +309,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 next = chunk.next_free_bin(0);
             }
             index = next.unwrap_or_default();
+            chunk.take_bin(index);
+            let addr = (chunk.base() + bin_offset(kind, index)) as u64;
+            // SAFETY: a bin we took, ours alone.
+            unsafe { bin_at(last) }.next.store_relaxed(addr);
+            last = addr;
+            taken += 1;
         }
         group.sync();
         // Phase 3: the highest rank took the last bin in list order; every chunk before its
@@ -355,7 +340,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
         }
         list.lock.unlock();
-        true
+        (head, want)
     }
 
     /// After `MustRefill` on the bins semaphore: adopt a chunk from the source with its first
