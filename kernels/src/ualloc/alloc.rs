@@ -149,9 +149,12 @@ impl<'x> ListClaimer<'x> {
             cursor: 0,
             steps: 0,
             start_word: seed % class.bitmap_words() as u32,
-            // 0, 16, 32 or 48: two warps that want 32 of a word's 64 free slots from
-            // rotations 32 apart take disjoint halves.
-            rotate: seed >> 8 & 0x30,
+            // 0 or 32: two warps that want 32 of a word's 64 free slots take disjoint halves
+            // or collide whole (the loser moves on to the next word). Rotations 16 apart made
+            // partial collisions, which split a warp's blocks over two words: after a refill
+            // of several bins, half the warps of a 64 B free then formed two groups (ncu,
+            // docs/benchmarks.md): free 64 B took 0.116–0.138 ms against 0.105 with 0 or 32.
+            rotate: seed >> 8 & 0x20,
             backoff: Backoff::new(),
         }
     }
