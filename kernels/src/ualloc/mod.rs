@@ -21,10 +21,12 @@
 //! 2. `Acquired` (the fast path, `alloc_fast_group`): the leader walks the
 //!    class's bin list under the arena's SRCU and claims free bits with one `fetch_or` per
 //!    bitmap word (usually one for the whole group), broadcasting each claim to the group.
-//! 3. `MustRefill` (the slow path, `alloc_slow`): the leader takes a fresh bin from the
-//!    arena's chunks (a collective over the lanes of the warp that need a bin of that kind:
-//!    one chunk-list lock, each member walks to its own free bin) or adopts a new chunk, keeps
-//!    `k` slots and signals the rest.
+//! 3. `MustRefill` (the slow path, `alloc_slow`): the leader takes fresh bins from the
+//!    arena's chunks (a collective over the lanes of the warp that need bins of that kind:
+//!    one chunk-list lock, each member walks to its own run of free bins; several bins while
+//!    chunks are plentiful, [`SizeClass::refill_bins`](crate::size_class::SizeClass::refill_bins))
+//!    or adopts a new chunk, keeps `k` slots, lists the bins with one splice and signals the
+//!    rest.
 //!
 //! A lone lane takes the same steps without collectives (`alloc_fast_single`).
 //!

@@ -1,5 +1,5 @@
 //! The slow paths: a new bin for a class (`alloc_slow`), bins from the arena's chunks
-//! (`take_bin`, collective), new chunks (`adopt_chunk`), and the way back (`return_bin`).
+//! (`take_bins`, collective), new chunks (`adopt_chunk`), and the way back (`return_bin`).
 
 use crate::bulk_semaphore::Wait;
 use crate::collective::Group;
