@@ -159,8 +159,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             bin.init_for(ai as u32, class, claimed);
             if claimed < class.slots() {
                 // Appended, so that the first bin, which has the fewest free slots, is the
-                // head and fills first (a warp's blocks then share bins, and its frees are
-                // fewer groups: 64 B free was 12% slower with the last bin at the head).
+                // head and fills first.
                 if tail == 0 {
                     head = at;
                 } else {
