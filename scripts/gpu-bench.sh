@@ -14,7 +14,7 @@
 b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
 csv=$(mktemp -d); logs=$(mktemp -d); export TOGA_BENCH_CSV_DIR=$csv
 limit=${LIMIT:-120}; total=${TOTAL:-450}; min_left=${MIN_LEFT:-15}; suite_start=$SECONDS
-for name in ${BENCHES:-malloc_only free_only malloc_free mixed churn warm_launch scaling fill growth utilization}; do
+for name in ${BENCHES:-malloc_only free_only malloc_free mixed churn warm_launch scaling fill large growth utilization}; do
   left=$((total - (SECONDS - suite_start)))
   if [ "$left" -lt "$min_left" ]; then
     echo "=== $name skipped: ${left} s of TOTAL=${total} s left"; continue

@@ -2,7 +2,8 @@
 # One lease, one call (from the repository root, after scripts/bundle): ncu (`--set full`) on
 # toga_malloc and toga_free of `host bench` at 16 B and 4 KB, with the per-instruction (SASS)
 # source page exported as CSV, so the hot instructions and their stall reasons can be read on a
-# machine without a GPU. Reports and CSVs go to $OUT.
+# machine without a GPU. Reports and CSVs go to $OUT. CMD="bundle/benches/large --bench f_large"
+# profiles another program's launches instead (KERNELS picks them as below).
 b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
 ncu=${NCU:-/usr/local/cuda/bin/ncu}
 ptx=${PTX:-$b/toga_kernels.ptx}
@@ -12,7 +13,7 @@ ptx=${PTX:-$b/toga_kernels.ptx}
 # warm malloc, +1 a free after a fresh malloc. Sizes: 16, 64, 256, 1024, 4096 (i = 0..4).
 prof() { # name kernel skip
   timeout -s KILL 150 env TOGA_PTX_FILE="$ptx" "$ncu" --set full -k "regex:^$2\$" --launch-skip "$3" -c 1 \
-    -o "$out/ncu-$1" "$b/host" bench --timeout 140 >"$out/ncu-$1.log" 2>&1
+    -o "$out/ncu-$1" ${CMD:-"$b/host" bench --timeout 140} >"$out/ncu-$1.log" 2>&1
   echo "ncu $1 rc=$?"
   "$ncu" --import "$out/ncu-$1.ncu-rep" --page details --csv >"$out/ncu-$1.csv" 2>/dev/null
   "$ncu" --import "$out/ncu-$1.ncu-rep" --page source --csv --print-source sass >"$out/sass-$1.csv" 2>"$out/sass-$1.err"

@@ -37,6 +37,7 @@ pub struct Workloads {
     bump_churn_pairs: CudaFunction,
     heap_probe: CudaFunction,
     malloc_sizes: CudaFunction,
+    malloc_serial: CudaFunction,
     cuda_malloc_sizes: CudaFunction,
     /// The grid of `alloc_fill` and `check_free` ([`Workloads::on_grid`]).
     grid: Option<LaunchConfig>,
@@ -142,6 +143,7 @@ impl Workloads {
             bump_churn_pairs: gpu.function("bump_churn_pairs")?,
             heap_probe: gpu.function("toga_heap_probe")?,
             malloc_sizes: gpu.function("toga_malloc_sizes")?,
+            malloc_serial: gpu.function("toga_malloc_serial")?,
             cuda_malloc_sizes: gpu.function("cuda_malloc_sizes")?,
             grid: None,
         })
@@ -253,6 +255,27 @@ impl Workloads {
                     [ptrs, sizes, &n]
                 ),
             }
+        }
+    }
+
+    /// One thread makes `ptrs[i] = malloc(sizes[i])` for every `i`, one call after another
+    /// (the latency of a lone caller).
+    pub fn malloc_serial(
+        &self,
+        stream: &Arc<CudaStream>,
+        heap: &Heap,
+        ptrs: &mut CudaSlice<u64>,
+        sizes: &CudaSlice<u32>,
+    ) -> Result<()> {
+        let n = ptrs.len().min(sizes.len()) as u64;
+        // SAFETY: `ptrs` and `sizes` have `n` elements.
+        unsafe {
+            launch!(
+                stream,
+                self.malloc_serial,
+                launch_config(1),
+                [&heap.base(), ptrs, sizes, &n]
+            )
         }
     }
 
@@ -619,6 +642,24 @@ impl MallocBench {
             malloc_ms: m,
             free_ms: f,
             failed: self.failed()?,
+        })
+    }
+
+    /// One iteration of "one thread mallocs `sizes[i]` for every `i`, in order" on a fresh toga
+    /// heap (`sizes` has [`threads`](Self::threads) elements), then the parallel kernel that
+    /// frees those blocks.
+    pub fn run_serial(&mut self, sizes: &CudaSlice<u32>) -> Result<Timing> {
+        let s = self.stream.clone();
+        self.heap.reset(&s)?;
+        let m = time_ms(&s, || {
+            self.w.malloc_serial(&s, &self.heap, &mut self.ptrs, sizes)
+        })?;
+        let failed = self.failed()?;
+        let f = time_ms(&s, || self.w.free(&s, Some(&self.heap), &self.ptrs))?;
+        Ok(Timing {
+            malloc_ms: m,
+            free_ms: f,
+            failed,
         })
     }
 

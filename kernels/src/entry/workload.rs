@@ -510,6 +510,29 @@ pub unsafe extern "ptx-kernel" fn toga_malloc_sizes(
     }
 }
 
+/// Benchmark of one thread's latency: thread 0 alone makes `ptrs[i] = malloc(sizes[i])` for
+/// every `i < n`, one after another (launch it as one thread).
+///
+/// # Safety
+/// `ptrs` and `sizes` have `n` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_malloc_serial(
+    base: *mut u8,
+    ptrs: *mut u64,
+    sizes: *const u32,
+    n: u64,
+) {
+    if tid() != 0 {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let heap = unsafe { DeviceHeap::from_base(base) };
+    for i in 0..n as usize {
+        // SAFETY: kernel contract.
+        unsafe { *ptrs.add(i) = heap.malloc(*sizes.add(i) as usize) as u64 };
+    }
+}
+
 /// Baseline: `ptrs[i] = CUDA malloc(sizes[i])`.
 ///
 /// # Safety
