@@ -28,8 +28,8 @@ fn twice_the_heap(capacity: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
 }
 
 /// Fill `heap_bytes` with requests of `lo..=hi` bytes for [`ROUNDS`] rounds; every round must
-/// serve at least `floor` of the heap (in block bytes), and no round less than the first
-/// by more than 2% of the heap. Returns the fraction served per round.
+/// serve at least `floor` of the heap (in block bytes), small requests among them where there
+/// are any, and no round less than the first by more than 3% of the heap. Returns the fraction served per round.
 fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
@@ -57,6 +57,21 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
             "round {round}: used bytes = blocks handed out"
         );
         assert_eq!(s.live_blocks(), blocks.len() as u64);
+        let small: u64 = s
+            .live_per_class
+            .iter()
+            .map(|&(size, n)| size as u64 * n)
+            .sum();
+        eprintln!(
+            "round {round}: small blocks {small} B, large blocks {}, reserved {} B",
+            s.live_large, s.reserved_bytes
+        );
+        // Small requests must be served too, not starved by the large ones' page
+        // reservations (until 2026-11-25 every request of at most 4 KiB in the 16 B - 64 KiB
+        // rounds returned null).
+        if lo as usize <= toga_kernels::size_class::MAX_SMALL_SIZE {
+            assert!(small > 0, "round {round}: no small request was served");
+        }
         blocks.sort_unstable();
         for pair in blocks.windows(2) {
             assert!(
@@ -101,8 +116,10 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
             f * 100.0,
             floor * 100.0
         );
+        // 3% of the heap: with small requests served at 16 B - 64 KiB, the chunks they leave
+        // in arenas between rounds (issue 13) cost later rounds up to 2.5% on the H100.
         assert!(
-            f + 0.02 >= served[0],
+            f + 0.03 >= served[0],
             "round {round}: {:.1}% served after {:.1}% in round 0 (decay)",
             f * 100.0,
             served[0] * 100.0

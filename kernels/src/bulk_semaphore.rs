@@ -418,8 +418,9 @@ impl<L: Layout> BulkSemaphore<L> {
     }
 
     /// The group fast path: take `n` units for as many of `lanes` lanes as C covers, with one
-    /// add and at most one roll-back. Returns the number of lanes served.
-    fn take_up_to(&self, n: u32, lanes: u32) -> u32 {
+    /// add and at most one roll-back, never waiting; like `wait`'s fast path it takes what is
+    /// there, ahead of reserved waiters. Returns the number of lanes served.
+    pub fn take_up_to(&self, n: u32, lanes: u32) -> u32 {
         if n == 0 {
             return lanes;
         }

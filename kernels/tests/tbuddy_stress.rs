@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Barrier, Mutex};
 
+use toga_kernels::collective::Group;
 use toga_kernels::platform::Atomic32;
 use toga_kernels::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 
@@ -288,7 +289,8 @@ fn parallel_init_matches_serial() {
 }
 
 /// Random alloc/free of mixed orders on 8 threads, with cross-thread frees, in phases; the
-/// oracle checks every block, `assert_valid` every quiescent point.
+/// oracle checks every block, `assert_valid` every quiescent point. Half the threads allocate
+/// through `alloc_together`.
 #[test]
 fn random_mixed_orders_with_oracle() {
     with_deadline(|| {
@@ -318,7 +320,15 @@ fn random_mixed_orders_with_oracle() {
                                     let order =
                                         rng.below(TOP_ORDER + 1).min(rng.below(TOP_ORDER + 1))
                                             as u32;
-                                    match tree.alloc(order) {
+                                    // Odd threads take the group path (a group of one
+                                    // lane here), which falls back to `alloc` within a
+                                    // quarter of the heap's end.
+                                    let got = if t % 2 == 1 {
+                                        tree.alloc_together(&Group::single(), order)
+                                    } else {
+                                        tree.alloc(order)
+                                    };
+                                    match got {
                                         Some(off) => {
                                             oracle.insert(heap, off, order);
                                             let tag = (t * OPS + i) as u64;

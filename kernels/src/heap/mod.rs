@@ -697,7 +697,8 @@ impl<'a> DeviceHeap<'a> {
         // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
         // (INV(UA4)); give them back and try again, as a small refill does (always once after
         // a trim, more often while trims still find something).
-        let mut offset = self.buddy.alloc(order);
+        // The lanes of a warp that ask for the same order count their units together.
+        let mut offset = self.buddy.alloc_together(&Group::of(order as u64), order);
         let mut retries = 0;
         while offset.is_none() && retries < OOM_RETRIES {
             if self.trim() == 0 && retries > 0 {
