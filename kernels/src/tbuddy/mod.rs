@@ -534,11 +534,15 @@ impl<'a> TBuddy<'a> {
                 }
             }
         }
-        // Stage 2: find the unit, then split it down, keeping the left half each time, and
-        // count the right halves (INV(TB4): Available and indexed before counted).
-        let node = self.split_down(self.claim(have), have, order);
-        for below in order..have {
-            self.sem(below).signal(BATCH - 1, BATCH - 1);
+        // Stage 2: find the unit, then split it down, keeping the left half each time. Each
+        // right half is counted as soon as it is Available and indexed (INV(TB4)), so that the
+        // waiters of that order go on at once (a fresh heap's chunk refills climb many orders).
+        let mut node = self.claim(have);
+        while have > order {
+            self.split(node);
+            have -= 1;
+            self.sem(have).signal(BATCH - 1, BATCH - 1);
+            node = node.left();
         }
         Some(self.offset_of(node, order))
     }
@@ -681,18 +685,6 @@ impl<'a> TBuddy<'a> {
             }
         }
         Some(self.offset_of(leaf, order))
-    }
-
-    /// Split `node` (of order `have`, Busy, ours) down to `order`, keeping the left half each
-    /// time: the block of `order` at its start. The right halves become Available and indexed,
-    /// one per order in `order..have`; the caller counts them.
-    fn split_down(&self, mut node: Node, mut have: u32, order: u32) -> Node {
-        while have > order {
-            self.split(node);
-            have -= 1;
-            node = node.left();
-        }
-        node
     }
 
     /// The climb from `order` failed at `top`: before answering `None`, withdraw each promise
