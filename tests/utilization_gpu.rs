@@ -29,8 +29,10 @@ fn twice_the_heap(capacity: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
 
 /// Fill `heap_bytes` with requests of `lo..=hi` bytes for [`ROUNDS`] rounds; every round must
 /// serve at least `floor` of the heap (in block bytes), and no round less than the first by more
-/// than `decay` of the heap; where `lo..=hi` has small sizes, some round must serve small blocks. Returns the fraction served per round.
-fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64, decay: f64) -> Vec<f64> {
+/// than 2% of the heap plus what UAlloc's chunks hold beyond their live blocks at the end of
+/// that round (memory stranded in arenas, issue 13, is not lost: a trim returns it); where
+/// `lo..=hi` has small sizes, some round must serve small blocks. Returns the fraction served per round.
+fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, heap_bytes).unwrap();
@@ -40,6 +42,7 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64, decay: f64) -> Vec<f64>
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut served = Vec::new();
     let mut small_served = 0;
+    let mut held = Vec::new();
     for round in 0..ROUNDS {
         let mut ptrs = stream.alloc_zeros::<u64>(sizes.len()).unwrap();
         w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round)
@@ -68,6 +71,9 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64, decay: f64) -> Vec<f64>
             s.live_large, s.reserved_bytes
         );
         small_served += small;
+        // Chunk bytes not in live small blocks: reserved = chunks + large blocks.
+        let large = s.used_bytes - small;
+        held.push((s.reserved_bytes - large - small) as f64 / capacity as f64);
         blocks.sort_unstable();
         for pair in blocks.windows(2) {
             assert!(
@@ -113,10 +119,11 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64, decay: f64) -> Vec<f64>
             floor * 100.0
         );
         assert!(
-            f + decay >= served[0],
-            "round {round}: {:.1}% served after {:.1}% in round 0 (decay)",
+            f + 0.02 + held[round] >= served[0],
+            "round {round}: {:.1}% served after {:.1}% in round 0, with {:.1}% in chunks (decay)",
             f * 100.0,
-            served[0] * 100.0
+            served[0] * 100.0,
+            held[round] * 100.0
         );
     }
     // Small requests are served too, not all starved by the large ones' page reservations
@@ -146,32 +153,33 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64, decay: f64) -> Vec<f64>
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_4k_in_8mib() {
-    rounds(8 << 20, 16, 4096, 0.52, 0.02);
+    rounds(8 << 20, 16, 4096, 0.52);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_4k_in_64mib() {
-    rounds(64 << 20, 16, 4096, 0.52, 0.02);
+    rounds(64 << 20, 16, 4096, 0.52);
 }
 
 // Mixed 16 B – 64 KiB served 100% of a 64 MiB heap in every round until 2026-11-25, but only
 // because no request of 4 KiB or less was ever served: the large requests reserved every page
 // first. Since large requests of a warp take their blocks together (`TBuddy::alloc_together`),
 // small ones get chunks too, and those chunks stay in their arenas between rounds (issue 13's
-// stranding): on an H100, runs served 94–99.6% in their first round and 86–96% later, at
-// both heap sizes. The floors and the decay bound follow what was measured.
+// stranding): on an H100, runs served 94–100% in their first round and 86–96% later, at both
+// heap sizes; in an 8 MiB heap two chunks are 12.5%. The decay check allows for what the chunks
+// hold; the floors follow what was measured.
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_64k_in_8mib() {
-    rounds(8 << 20, 16, 65536, 0.80, 0.12);
+    rounds(8 << 20, 16, 65536, 0.80);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_64k_in_64mib() {
-    rounds(64 << 20, 16, 65536, 0.85, 0.12);
+    rounds(64 << 20, 16, 65536, 0.85);
 }
 
 /// Large sizes in divergent warps: every lane of a warp asks for a different size of 4 KiB to
@@ -179,5 +187,5 @@ fn mixed_16b_to_64k_in_64mib() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn divergent_large_sizes_in_64mib() {
-    rounds(64 << 20, 4097, 1 << 20, 0.90, 0.02);
+    rounds(64 << 20, 4097, 1 << 20, 0.90);
 }
