@@ -566,8 +566,11 @@ impl<'a> TBuddy<'a> {
     /// No reservation on any semaphore and no spinning: where that serves fewer lanes than the
     /// group has (units in transit, or none at the root), the rest fall back to
     /// [`alloc`](Self::alloc) one by one, with its exact out-of-memory answer. The group path
-    /// runs only while a quarter of the tree's pages stay free; nearer the end of memory every
-    /// lane takes the single path. ncu on 2^17 requests of 8 KiB before it: 73% of the stall
+    /// runs only while half the tree's pages stay free after its reservation; nearer the end
+    /// of memory every lane takes the single path, whose waits answer out of memory exactly.
+    /// (With a quarter, a fill-to-null of 4 KiB - 1 MiB in 64 MiB on the H100 once served 87%
+    /// in one round of twenty, with 13% of the heap free; cause not found.) ncu on 2^17
+    /// requests of 8 KiB before it: 73% of the stall
     /// samples were lanes polling one order's semaphore for units that came one split at a
     /// time. Collective (the `collective` module's convergence rules).
     pub fn alloc_together(&self, group: &Group, order: u32) -> Option<u64> {
@@ -575,7 +578,7 @@ impl<'a> TBuddy<'a> {
             return None;
         }
         let n = group.size();
-        let margin = self.header.usable_pages.load_relaxed() / 4;
+        let margin = self.header.usable_pages.load_relaxed() / 2;
         let reserved = group.is_leader() && self.reserve_pages_above((n as u64) << order, margin);
         if group.broadcast_u32(reserved as u32) == 0 {
             return self.alloc(order);
@@ -591,10 +594,8 @@ impl<'a> TBuddy<'a> {
                     // group's spare halves are about to be counted (a fresh heap's first
                     // blocks come one split at a time). Walk again after a moment, but only
                     // while half the tree is free: a group that walks holds its reservation
-                    // and the units it took, which a fuller heap may need elsewhere (on the
-                    // H100, walking again down to a quarter lowered the later rounds of
-                    // fill-to-null at 16 B - 64 KiB from 94% to 88-92%).
-                    if self.header.free_pages() < (margin * 2) as i64 {
+                    // and the units it took, which a fuller heap may need elsewhere.
+                    if self.header.free_pages() < margin as i64 {
                         break;
                     }
                     platform::nanosleep(GROUP_SLEEP_NS.min(backoff.current_ns() << 3));
