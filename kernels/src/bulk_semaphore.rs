@@ -418,9 +418,8 @@ impl<L: Layout> BulkSemaphore<L> {
     }
 
     /// The group fast path: take `n` units for as many of `lanes` lanes as C covers, with one
-    /// add and at most one roll-back, never waiting; like `wait`'s fast path it takes what is
-    /// there, ahead of reserved waiters. Returns the number of lanes served.
-    pub fn take_up_to(&self, n: u32, lanes: u32) -> u32 {
+    /// add and at most one roll-back. Returns the number of lanes served.
+    fn take_up_to(&self, n: u32, lanes: u32) -> u32 {
         if n == 0 {
             return lanes;
         }
@@ -441,6 +440,31 @@ impl<L: Layout> BulkSemaphore<L> {
             self.word.fetch_add_relaxed(Fields::<L>::c_units(unused));
         }
         served
+    }
+
+    /// Take up to `max` units that no reserved waiter is owed (C beyond R), without waiting:
+    /// the number taken. A load first, so that a semaphore with nothing spare costs no atomic;
+    /// then one add, decided on the state it replaced, and a second that gives back what was
+    /// not spare (a transient deduction, INV(SEM3)). Waiters that hold a reservation keep
+    /// their units, so a taker outside the semaphore's protocol (TBuddy's group path) cannot
+    /// turn a covered waiter into a refiller that finds nothing.
+    #[inline]
+    pub fn take_spare(&self, max: u32) -> u32 {
+        let now = Counters::unpack::<L>(self.word.load_relaxed());
+        if max == 0 || now.c - now.r <= 0 {
+            return 0;
+        }
+        // INV(SEM7): acquire pairs with the release in `signal`/`release`.
+        let old = Counters::unpack::<L>(
+            self.word
+                .fetch_add_acquire(Fields::<L>::c_units(max).wrapping_neg()),
+        );
+        let got = (old.c - old.r).clamp(0, max as i64) as u32;
+        if got < max {
+            // INV(SEM3): give back what was not spare.
+            self.word.fetch_add_relaxed(Fields::<L>::c_units(max - got));
+        }
+        got
     }
 
     /// C as a relaxed snapshot (0 while transient deductions exceed it).
@@ -497,6 +521,20 @@ mod tests {
         assert!(!s.try_wait(2));
         assert!(s.try_wait(1));
         assert_eq!(s.available(), 0);
+    }
+
+    #[test]
+    fn take_spare_leaves_the_units_of_reserved_waiters() {
+        let s = BulkSemaphore::<Global>::new(5);
+        // Two waiters hold reservations.
+        s.word.fetch_add_relaxed(Fields::<Global>::r_units(2));
+        assert_eq!(s.take_spare(10), 3);
+        assert_eq!(s.counters(), (2, 0, 2));
+        assert_eq!(s.take_spare(1), 0);
+        assert_eq!(s.counters(), (2, 0, 2));
+        s.release(1);
+        assert_eq!(s.take_spare(1), 1);
+        assert_eq!(s.counters(), (2, 0, 2));
     }
 
     #[test]

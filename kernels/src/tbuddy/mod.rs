@@ -553,7 +553,7 @@ impl<'a> TBuddy<'a> {
     ///
     /// The leader reserves the group's pages with one add, then walks up from `order` and
     /// takes from each order's semaphore, without waiting, as many units as the lanes still
-    /// unserved need there (`take_up_to`): a block of order `order + d` serves `2^d` lanes. It
+    /// unserved need there: a block of order `order + d` serves `2^d` lanes. It
     /// stops at the first order that serves the rest. The blocks it took cover the lanes in
     /// runs, smallest order first; only the last block may be partly used (its first lanes'
     /// worth of leaves). The first lane of each run claims the run's block; every lane takes
@@ -565,11 +565,10 @@ impl<'a> TBuddy<'a> {
     ///
     /// No reservation on any semaphore and no spinning: where that serves fewer lanes than the
     /// group has (units in transit, or none at the root), the rest fall back to
-    /// [`alloc`](Self::alloc) one by one, with its exact out-of-memory answer. The group path
-    /// runs only while half the tree's pages stay free after its reservation; nearer the end
-    /// of memory every lane takes the single path, whose waits answer out of memory exactly.
-    /// (With a quarter, a fill-to-null of 4 KiB - 1 MiB in 64 MiB on the H100 once served 87%
-    /// in one round of twenty, with 13% of the heap free; cause not found.) ncu on 2^17
+    /// [`alloc`](Self::alloc) one by one, with its exact out-of-memory answer. The walk takes
+    /// only units that no reserved waiter of the single path is owed (`take_spare`). The group
+    /// path runs only while a quarter of the tree's pages stay free after its reservation;
+    /// nearer the end of memory every lane takes the single path. ncu on 2^17
     /// requests of 8 KiB before it: 73% of the stall
     /// samples were lanes polling one order's semaphore for units that came one split at a
     /// time. Collective (the `collective` module's convergence rules).
@@ -578,7 +577,7 @@ impl<'a> TBuddy<'a> {
             return None;
         }
         let n = group.size();
-        let margin = self.header.usable_pages.load_relaxed() / 2;
+        let margin = self.header.usable_pages.load_relaxed() / 4;
         let reserved = group.is_leader() && self.reserve_pages_above((n as u64) << order, margin);
         if group.broadcast_u32(reserved as u32) == 0 {
             return self.alloc(order);
@@ -595,7 +594,7 @@ impl<'a> TBuddy<'a> {
                     // blocks come one split at a time). Walk again after a moment, but only
                     // while half the tree is free: a group that walks holds its reservation
                     // and the units it took, which a fuller heap may need elsewhere.
-                    if self.header.free_pages() < margin as i64 {
+                    if self.header.free_pages() < (2 * margin) as i64 {
                         break;
                     }
                     platform::nanosleep(GROUP_SLEEP_NS.min(backoff.current_ns() << 3));
@@ -605,13 +604,8 @@ impl<'a> TBuddy<'a> {
                 loop {
                     let d = level - order;
                     let need = n - covered;
-                    // A load first: an empty order costs no atomic.
-                    let sem = self.sem(level);
-                    let got = if sem.available() > 0 {
-                        sem.take_up_to(1, need.div_ceil(1 << d.min(31)))
-                    } else {
-                        0
-                    };
+                    // Only units no reserved waiter is owed (INV(SEM6) holds for the waiters).
+                    let got = self.sem(level).take_spare(need.div_ceil(1 << d.min(31)));
                     // Runs in the order taken; a walk that ends short took whole blocks only
                     // (fewer than it needed at each order), so only the very last run may be
                     // partly used, and a run's length gives its order, the last run's `top`.
