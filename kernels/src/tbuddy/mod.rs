@@ -38,6 +38,14 @@
 //! A free that sees its buddy Available but gets no unit waits (lock dropped) until the buddy is
 //! taken or the unit shows up (INV(TB1)).
 //!
+//! # A warp's requests together ([`TBuddy::alloc_together`])
+//! The lanes of a warp that ask for one order share the blocks above instead of climbing one
+//! by one: the leader takes, without waiting, the spare units each order has (those no
+//! reserved waiter is owed) for the lanes still unserved, a block of order k + d serving `2^d`
+//! lanes; the lanes split the blocks among themselves with plain stores (inner nodes Partial)
+//! and only the last lane's spare halves become Available (INV(TB11)). Lanes left over take
+//! the single path below.
+//!
 //! # No false starvation
 //! Two allocators that decide at once to refill one order may race for one block above; the
 //! loser, about to fail at the root, walks back down retrying each order it promised to
@@ -71,6 +79,8 @@
 //!   that removes it. A node holding a page outside the tree is Busy or Partial, never
 //!   Available, allocated or merging; `grow` adds only blocks wholly outside the tree, and
 //!   `take` removes only whole free blocks.
+//! - TB11 (group path): see `alloc_together`; spares are the right siblings on the last used
+//!   leaf's path, counted after a warp sync; units are taken only beyond reservations.
 
 pub mod index;
 
