@@ -100,7 +100,6 @@ fn divergent(c: &mut Criterion) {
     let mut b = MallocBench::new(&gpu, threads, heap).expect("bench setup");
     let mut csv = common::Csv::new("f_divergent", &gpu);
     let mut g = common::group(c, "f_divergent");
-    g.throughput(Throughput::Elements(threads));
     for (lo, hi) in [(1, 8192), (16, 4096)] {
         let sizes = b
             .stream()
@@ -108,31 +107,15 @@ fn divergent(c: &mut Criterion) {
             .expect("sizes");
         let label = format!("{lo}-{hi}");
         for metric in ["malloc", "free"] {
-            common::gpu_timed(
+            common::bench_sizes(
                 &mut g,
-                format!("toga/fresh/{metric}/{label}"),
-                |iteration| {
-                    let t = b
-                        .run_sizes(Allocator::Toga, &sizes)
-                        .expect("benchmark iteration");
-                    let ms = if metric == "free" {
-                        t.free_ms
-                    } else {
-                        t.malloc_ms
-                    };
-                    csv.row(
-                        "f_divergent",
-                        "toga",
-                        &label,
-                        threads,
-                        "fresh",
-                        metric,
-                        iteration,
-                        ms,
-                        t.failed,
-                    );
-                    ms
-                },
+                &mut b,
+                &mut csv,
+                "f_divergent",
+                Allocator::Toga,
+                &sizes,
+                &label,
+                metric,
             );
         }
     }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group, criterion_main};
 use toga_harness::{Allocator, MallocBench, uniform_sizes};
 
 /// The sizes' range, in bytes (inclusive), and the seed of their list.
@@ -26,7 +26,6 @@ fn mixed(c: &mut Criterion) {
     let size_label = format!("{MIN}-{MAX}");
     let mut csv = common::Csv::new("c_mixed", &gpu);
     let mut g = common::group(c, "c_mixed");
-    g.throughput(Throughput::Elements(common::THREADS));
     // Each iteration runs both kernels (`run_sizes`); a cell counts one of them.
     let cells = [
         (Allocator::Toga, "malloc"),
@@ -34,29 +33,15 @@ fn mixed(c: &mut Criterion) {
         (Allocator::Bump, "malloc"),
     ];
     for (alloc, metric) in cells {
-        common::gpu_timed(
+        common::bench_sizes(
             &mut g,
-            format!("{}/fresh/{metric}/{size_label}", alloc.name()),
-            |iteration| {
-                let t = b.run_sizes(alloc, &sizes).expect("benchmark iteration");
-                let ms = if metric == "free" {
-                    t.free_ms
-                } else {
-                    t.malloc_ms
-                };
-                csv.row(
-                    "c_mixed",
-                    alloc.name(),
-                    &size_label,
-                    common::THREADS,
-                    "fresh",
-                    metric,
-                    iteration,
-                    ms,
-                    t.failed,
-                );
-                ms
-            },
+            &mut b,
+            &mut csv,
+            "c_mixed",
+            alloc,
+            &sizes,
+            &size_label,
+            metric,
         );
     }
     g.finish();

@@ -128,6 +128,39 @@ fn state_name(s: HeapState) -> &'static str {
     }
 }
 
+/// What one benchmark cell is, for its CSV rows.
+struct Cell<'a> {
+    scenario: &'a str,
+    alloc: Allocator,
+    label: &'a str,
+    threads: u64,
+    state: &'a str,
+    metric: &'a str,
+}
+
+impl Cell<'_> {
+    /// The GPU time of the cell's kernel in `t`, written to `csv` as the row of `iteration`.
+    fn record(&self, csv: &mut Csv, iteration: usize, t: Timing) -> f32 {
+        let ms = if self.metric == "free" {
+            t.free_ms
+        } else {
+            t.malloc_ms
+        };
+        csv.row(
+            self.scenario,
+            self.alloc.name(),
+            self.label,
+            self.threads,
+            self.state,
+            self.metric,
+            iteration,
+            ms,
+            t.failed,
+        );
+        ms
+    }
+}
+
 /// Benchmark `metric` ("malloc" or "free") of `alloc` at `size` in `state`: each criterion
 /// iteration is one full `MallocBench::run`, and only the chosen kernel's GPU time counts.
 #[allow(clippy::too_many_arguments)]
@@ -149,23 +182,15 @@ pub fn bench_malloc(
     let id = format!("{}/{}/{}/{size}", alloc.name(), state_name(state), metric);
     gpu_timed(g, id, |iteration| {
         let t: Timing = b.run(alloc, size, state).expect("benchmark iteration");
-        let ms = if metric == "free" {
-            t.free_ms
-        } else {
-            t.malloc_ms
-        };
-        csv.row(
+        Cell {
             scenario,
-            alloc.name(),
-            &size.to_string(),
+            alloc,
+            label: &size.to_string(),
             threads,
-            state_name(state),
+            state: state_name(state),
             metric,
-            iteration,
-            ms,
-            t.failed,
-        );
-        ms
+        }
+        .record(csv, iteration, t)
     });
 }
 
@@ -190,23 +215,46 @@ pub fn bench_steady(
     let id = format!("{}/{state}/{metric}/{size}", alloc.name());
     gpu_timed(g, id, |iteration| {
         let t = b.run_steady(alloc, size).expect("benchmark iteration");
-        let ms = if metric == "free" {
-            t.free_ms
-        } else {
-            t.malloc_ms
-        };
-        csv.row(
+        Cell {
             scenario,
-            alloc.name(),
-            &size.to_string(),
+            alloc,
+            label: &size.to_string(),
             threads,
             state,
             metric,
-            iteration,
-            ms,
-            t.failed,
-        );
-        ms
+        }
+        .record(csv, iteration, t)
+    });
+}
+
+/// Benchmark `metric` ("malloc" or "free") of `alloc` where thread `i` asks for `sizes[i]`
+/// (`label` names the sizes in the id and the CSV): each criterion iteration is one
+/// `MallocBench::run_sizes` from a fresh heap, and only the chosen kernel's GPU time counts.
+#[allow(clippy::too_many_arguments)]
+pub fn bench_sizes(
+    g: &mut BenchmarkGroup<WallTime>,
+    b: &mut MallocBench,
+    csv: &mut Csv,
+    scenario: &str,
+    alloc: Allocator,
+    sizes: &cudarc::driver::CudaSlice<u32>,
+    label: &str,
+    metric: &'static str,
+) {
+    let threads = b.threads();
+    g.throughput(Throughput::Elements(threads));
+    let id = format!("{}/fresh/{metric}/{label}", alloc.name());
+    gpu_timed(g, id, |iteration| {
+        let t = b.run_sizes(alloc, sizes).expect("benchmark iteration");
+        Cell {
+            scenario,
+            alloc,
+            label,
+            threads,
+            state: "fresh",
+            metric,
+        }
+        .record(csv, iteration, t)
     });
 }
 
