@@ -148,3 +148,67 @@ fn try_wait_against_wait_and_release() {
         assert_eq!(pool.units.load(SeqCst), 1);
     });
 }
+
+/// TBuddy's group walk (`take_spare`) against two waiters of the wait protocol and one refill:
+/// the walk takes only units beyond the reservations, so the two units that exist go to the
+/// waiters or to the walk, every one of them, none twice, and nothing is left reserved or
+/// promised. A waiter fails only if the walk took the spare unit before the waiter reserved.
+#[test]
+fn take_spare_against_waiters() {
+    loom::model(|| {
+        let pool = Pool::<Global>::new(0, 1);
+        let spare = Arc::new(AtomicUsize::new(0));
+        let walker = {
+            let (p, spare) = (pool.clone(), spare.clone());
+            thread::spawn(move || {
+                if p.sem.take_spare(1) == 1 {
+                    assert!(
+                        p.units.fetch_sub(1, SeqCst) >= 1,
+                        "the walk took a unit that did not exist"
+                    );
+                    spare.fetch_add(1, SeqCst);
+                }
+            })
+        };
+        run(&pool, 2, |p| {
+            p.take();
+        });
+        walker.join().unwrap();
+        let (c, e, r) = pool.sem.counters();
+        assert_eq!((e, r), (0, 0));
+        assert_eq!(
+            pool.got.load(SeqCst) + spare.load(SeqCst) + c as usize,
+            2,
+            "the refill's two units"
+        );
+        assert_eq!(pool.units.load(SeqCst), c as i64);
+    });
+}
+
+/// A waiter that holds a reservation, covered by a refill in flight, gets the refill's unit
+/// even while the group walk looks: `take_spare` sees the unit owed (C − R = 0) and takes
+/// nothing. (A walk that took every unit in C would leave the waiter uncovered, and it would
+/// turn refiller with nothing to refill from.)
+#[test]
+fn take_spare_leaves_a_reserved_waiter_its_unit() {
+    loom::model(|| {
+        let sem = Arc::new(BulkSemaphore::<Global>::new(0));
+        // A refiller's promise: one unit is on its way.
+        assert_eq!(sem.wait(1, 2), Wait::MustRefill);
+        let waiter = {
+            let s = sem.clone();
+            thread::spawn(move || s.wait(1, 2))
+        };
+        while sem.counters().2 == 0 {
+            thread::yield_now();
+        }
+        let walker = {
+            let s = sem.clone();
+            thread::spawn(move || s.take_spare(1))
+        };
+        sem.signal(1, 1);
+        assert_eq!(waiter.join().unwrap(), Wait::Acquired);
+        assert_eq!(walker.join().unwrap(), 0);
+        assert_eq!(sem.counters(), (0, 0, 0));
+    });
+}
