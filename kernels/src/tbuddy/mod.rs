@@ -563,8 +563,8 @@ impl<'a> TBuddy<'a> {
     ///
     /// The leader reserves the group's pages with one add, then walks up from `order` and
     /// takes from each order's semaphore, without waiting, as many units as the lanes still
-    /// unserved need there: a block of order `order + d` serves `2^d` lanes. It
-    /// stops at the first order that serves the rest. The blocks it took cover the lanes in
+    /// unserved need there: a block of order `order + d` serves `2^d` lanes. It stops at the
+    /// first order that serves the rest. The blocks it took cover the lanes in
     /// runs, smallest order first; only the last block may be partly used (its first lanes'
     /// worth of leaves). The first lane of each run claims the run's block; every lane takes
     /// its leaf of it and marks Partial the inner nodes whose first leaf it holds (INV(TB2),
@@ -578,10 +578,10 @@ impl<'a> TBuddy<'a> {
     /// [`alloc`](Self::alloc) one by one, with its exact out-of-memory answer. The walk takes
     /// only units that no reserved waiter of the single path is owed (`take_spare`). The group
     /// path runs only while a quarter of the tree's pages stay free after its reservation;
-    /// nearer the end of memory every lane takes the single path. ncu on 2^17
-    /// requests of 8 KiB before it: 73% of the stall
-    /// samples were lanes polling one order's semaphore for units that came one split at a
-    /// time. Collective (the `collective` module's convergence rules).
+    /// nearer the end of memory every lane takes the single path. ncu on 2^17 requests of
+    /// 8 KiB before it: 73% of the stall samples were lanes polling one order's semaphore for
+    /// units that came one split at a time. Collective (the `collective` module's convergence
+    /// rules).
     pub fn alloc_together(&self, group: &Group, order: u32) -> Option<u64> {
         if order > self.max_order {
             return None;
