@@ -694,11 +694,12 @@ impl<'a> DeviceHeap<'a> {
     #[inline(never)]
     fn alloc_large(&self, size: usize) -> (*mut u8, usize) {
         let order = Self::order_for(size);
+        // The lanes of a warp that ask for the same order share the blocks above it
+        // (`TBuddy::alloc_together`, INV(TB11)).
+        let mut offset = self.buddy.alloc_together(&Group::of(order as u64), order);
         // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
         // (INV(UA4)); give them back and try again, as a small refill does (always once after
         // a trim, more often while trims still find something).
-        // The lanes of a warp that ask for the same order count their units together.
-        let mut offset = self.buddy.alloc_together(&Group::of(order as u64), order);
         let mut retries = 0;
         while offset.is_none() && retries < OOM_RETRIES {
             if self.trim() == 0 && retries > 0 {
