@@ -205,8 +205,9 @@ impl CollectiveMutex {
     pub fn unlock(&self) -> bool {
         // Release: this member's critical-section accesses happen before the next holder's
         // acquire CAS, which reads the value the last member's decrement wrote (the decrements
-        // form one release sequence).
-        let old = self.inside.fetch_sub_acq_rel(1);
+        // form one release sequence). No acquire half: nothing after the unlock reads what
+        // other members wrote inside (an acquire is an L1 invalidation on the GPU).
+        let old = self.inside.fetch_sub_release(1);
         debug_assert!(old > 0, "unlock of an unlocked CollectiveMutex");
         old == 1
     }
@@ -227,8 +228,11 @@ impl CollectiveMutex {
         // One CAS, no test-and-test-and-set: the CAS always reads the newest value, so a
         // waiter that backs off between tries cannot spin on a stale load. These locks guard
         // rare paths (list surgery), so the CAS traffic stays low.
-        // Acquire half pairs with the release in `unlock` of the previous holders.
-        self.inside.compare_exchange_acq_rel(0, members).is_ok()
+        // Acquire: pairs with the release in `unlock` of the previous holders. No release half:
+        // taking a lock publishes nothing (what a holder writes, its `unlock` publishes), and
+        // on the GPU an `acq_rel` CAS is a MEMBAR per try, which waiters for a busy list paid
+        // over and over (ncu: 15 MEMBARs per `take_bins` call of a fresh 16 B malloc).
+        self.inside.compare_exchange_acquire(0, members).is_ok()
     }
 
     /// Whether anyone is inside (a snapshot, for assertions).

@@ -92,6 +92,10 @@ macro_rules! cpu_atomic {
                 self.0.compare_exchange(current, new, AcqRel, Acquire)
             }
             #[inline]
+            pub fn compare_exchange_acquire(&self, current: $t, new: $t) -> Result<$t, $t> {
+                self.0.compare_exchange(current, new, Acquire, Acquire)
+            }
+            #[inline]
             pub fn compare_exchange_relaxed(&self, current: $t, new: $t) -> Result<$t, $t> {
                 self.0.compare_exchange(current, new, Relaxed, Relaxed)
             }

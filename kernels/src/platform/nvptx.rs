@@ -124,6 +124,20 @@ macro_rules! atomic_type {
                 if old == current { Ok(old) } else { Err(old) }
             }
 
+            /// Compare-and-swap with acquire semantics (a lock's acquisition: no MEMBAR before
+            /// the atomic on the GPU, where `acq_rel` issues one per try).
+            #[inline(always)]
+            pub fn compare_exchange_acquire(&self, current: $t, new: $t) -> Result<$t, $t> {
+                let old: $t;
+                // SAFETY: valid aligned location, atomic access.
+                unsafe {
+                    asm!(concat!("atom.acquire.gpu.cas.b", $bits, " {0}, [{1}], {2}, {3};"),
+                        out($reg) old, in(reg64) self.0.get(), in($reg) current, in($reg) new,
+                        options(nostack));
+                }
+                if old == current { Ok(old) } else { Err(old) }
+            }
+
             /// Compare-and-swap with relaxed semantics (for counters that order nothing).
             #[inline(always)]
             pub fn compare_exchange_relaxed(&self, current: $t, new: $t) -> Result<$t, $t> {

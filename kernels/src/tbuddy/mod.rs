@@ -636,10 +636,12 @@ impl<'a> TBuddy<'a> {
                 }
             }
             // INV(TB9): the pages of the lanes left over go back; they reserve their own.
-            self.header
-                .free_pages
-                .0
-                .fetch_add_relaxed(((n - covered) as u64) << order);
+            if covered < n {
+                self.header
+                    .free_pages
+                    .0
+                    .fetch_add_relaxed(((n - covered) as u64) << order);
+            }
         }
         let starts = group.broadcast_u32(starts);
         let covered = group.broadcast_u32(covered);
