@@ -870,8 +870,11 @@ impl<'a> DeviceHeap<'a> {
         } else if (p as usize).is_multiple_of(PAGE_SIZE) {
             let offset = p as u64 - self.data as u64;
             let page = (offset >> PAGE_SHIFT) as usize;
-            // INV(HP1): only the one free that swaps the order out passes the block on.
-            match self.large[page].swap_acq_rel(0) {
+            // INV(HP1): only the one free that swaps the order out passes the block on. Acquire
+            // (no MEMBAR on the GPU, where `acq_rel` issues one): the tree's steps below stay
+            // after the swap; the block's writes are published by the release that makes it
+            // Available (`TBuddy::free`), not by this swap.
+            match self.large[page].swap_acquire(0) {
                 0 => (stat::DOUBLE_FREES, 0),
                 o => {
                     let order = o - 1;

@@ -76,6 +76,10 @@ macro_rules! cpu_atomic {
                 self.0.fetch_and(v, AcqRel)
             }
             #[inline]
+            pub fn swap_acquire(&self, v: $t) -> $t {
+                self.0.swap(v, Acquire)
+            }
+            #[inline]
             pub fn swap_acq_rel(&self, v: $t) -> $t {
                 self.0.swap(v, AcqRel)
             }

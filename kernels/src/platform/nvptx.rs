@@ -88,6 +88,7 @@ macro_rules! atomic_type {
             rmw!(fetch_and_relaxed, $t, $reg, "relaxed", "and.b", $bits);
             rmw!(fetch_and_acquire, $t, $reg, "acquire", "and.b", $bits);
             rmw!(fetch_and_acq_rel, $t, $reg, "acq_rel", "and.b", $bits);
+            rmw!(swap_acquire, $t, $reg, "acquire", "exch.b", $bits);
             rmw!(swap_acq_rel, $t, $reg, "acq_rel", "exch.b", $bits);
             rmw!(fetch_min_relaxed, $t, $reg, "relaxed", "min.u", $bits);
             rmw!(fetch_max_relaxed, $t, $reg, "relaxed", "max.u", $bits);

@@ -865,8 +865,10 @@ impl<'a> TBuddy<'a> {
             let cur = word.load_relaxed();
             // INV(TB5): a freed node's parent is Partial while the node is allocated.
             debug_assert_eq!(cur & STATE_MASK, PARTIAL);
-            // Acquire half pairs with the release in `unlock`.
-            if cur & LOCKED == 0 && word.compare_exchange_acq_rel(cur, cur | LOCKED).is_ok() {
+            // Acquire: pairs with the release in `unlock`. No release half: taking the lock
+            // publishes nothing (the freed block's writes are published by the release that
+            // makes it Available), and on the GPU it was a MEMBAR per try.
+            if cur & LOCKED == 0 && word.compare_exchange_acquire(cur, cur | LOCKED).is_ok() {
                 return;
             }
             backoff.snooze();
