@@ -404,3 +404,69 @@ fn zero_and_oversized_requests_return_null() {
         "malloc(0) is not a failure; the two oversized are"
     );
 }
+
+/// A warp's large blocks freed together merge without the pair lock (`TBuddy::free_together`,
+/// INV(TB12)): per warp, lanes of three orders (8, 16 and 32 KiB) allocate together and free
+/// together, by their own warp (runs merge whole) and then in reverse thread order (each warp
+/// frees another warp's blocks, and a run's blocks meet lanes of other runs). After every free,
+/// with no trim, every page is free, a whole-heap block can be taken, and the heap's counters
+/// are back to zero; a lost merge or a block freed twice by a merge fails here.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
+fn a_warps_large_blocks_freed_together_merge_back_to_the_root() {
+    let gpu = common::gpu();
+    let stream = gpu.default_stream();
+    let capacity = 256u64 << 20;
+    let heap = Heap::new(&gpu, &stream, capacity).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    // 8, 16, 32 KiB by lane: 56 KiB per three threads; half the heap asked for.
+    let n = (capacity / 2 / (56 << 10) * 3) as usize;
+    let sizes: Vec<u32> = (0..n).map(|i| 8192u32 << (i % 3)).collect();
+    let asked: u64 = sizes.iter().map(|&s| s as u64).sum();
+    let d_sizes = stream.clone_htod(&sizes).unwrap();
+    for round in 0..4u32 {
+        let reverse = round % 2 == 1;
+        let mut ptrs = stream.alloc_zeros::<u64>(n).unwrap();
+        w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round)
+            .unwrap();
+        let mut host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
+        assert!(
+            host_ptrs.iter().all(|&p| p != 0),
+            "round {round}: every block of half the heap is served"
+        );
+        assert_eq!(
+            heap.stats(&stream).unwrap().used_bytes,
+            asked,
+            "round {round}"
+        );
+        let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+        w.check_free(&stream, &heap, &ptrs, &d_sizes, round, false, &mut errors)
+            .unwrap();
+        assert_eq!(
+            stream.clone_dtoh(&errors).unwrap()[0],
+            0,
+            "round {round}: patterns"
+        );
+        if reverse {
+            host_ptrs.reverse();
+            ptrs = stream.clone_htod(&host_ptrs).unwrap();
+        }
+        w.free(&stream, Some(&heap), &ptrs).unwrap();
+        let probe = w.probe(&stream, &heap).unwrap();
+        assert_eq!(
+            probe.free_bytes, capacity,
+            "round {round} (reverse: {reverse}): every page is free without a trim"
+        );
+        assert!(
+            probe.whole_heap_block,
+            "round {round}: the root is Available"
+        );
+        let s = heap.stats(&stream).unwrap();
+        assert_eq!(
+            (s.live_blocks(), s.used_bytes, s.reserved_bytes),
+            (0, 0, 0),
+            "round {round}"
+        );
+        assert_eq!((s.double_frees, s.invalid_frees), (0, 0), "round {round}");
+    }
+}

@@ -8,6 +8,8 @@ mod common;
 
 use toga::Heap;
 use toga_harness::{Workloads, block_bytes, uniform_sizes};
+use toga_kernels::size_class::MAX_SMALL_SIZE;
+use toga_kernels::ualloc::CHUNK_SIZE;
 
 const ROUNDS: u32 = 20;
 
@@ -31,7 +33,9 @@ fn twice_the_heap(capacity: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
 /// serve at least `floor` of the heap (in block bytes), and no round less than the first by more
 /// than 2% of the heap and one block of the largest size, plus what UAlloc's chunks hold beyond their live blocks at the end of
 /// that round (memory stranded in arenas, issue 13, is not lost: a trim returns it); where
-/// `lo..=hi` has small sizes, some round must serve small blocks. Returns the fraction served per round.
+/// `lo..=hi` has small sizes, a round that serves no small block must have left less than a
+/// chunk unused (their nulls are then true out-of-memory answers). Returns the fraction served
+/// per round.
 fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
@@ -41,7 +45,6 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
     let sizes = twice_the_heap(capacity, lo, hi, heap_bytes ^ lo as u64 ^ (hi as u64) << 20);
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut served = Vec::new();
-    let mut small_served = 0;
     let mut held = Vec::new();
     for round in 0..ROUNDS {
         let mut ptrs = stream.alloc_zeros::<u64>(sizes.len()).unwrap();
@@ -70,7 +73,16 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
             "round {round}: small blocks {small} B, large blocks {}, reserved {} B",
             s.live_large, s.reserved_bytes
         );
-        small_served += small;
+        // A small request needs a chunk (or a bin of one): with none served, the large blocks
+        // must have left less than a chunk of the heap unused, or UAlloc answered null while
+        // the heap had the memory.
+        if lo as usize <= MAX_SMALL_SIZE {
+            assert!(
+                small > 0 || bytes + CHUNK_SIZE as u64 > capacity,
+                "round {round}: no small request served with {} B of {capacity} unused",
+                capacity - bytes
+            );
+        }
         // Chunk bytes not in live small blocks: reserved = chunks + large blocks.
         let large = s.used_bytes - small;
         held.push((s.reserved_bytes - large - small) as f64 / capacity as f64);
@@ -127,12 +139,6 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
             served[0] * 100.0,
             held[round] * 100.0
         );
-    }
-    // Small requests are served too, not all starved by the large ones' page reservations
-    // (until 2026-11-25 every request of at most 4 KiB in the 16 B - 64 KiB rounds returned
-    // null: the large requests had reserved every page first).
-    if lo as usize <= toga_kernels::size_class::MAX_SMALL_SIZE {
-        assert!(small_served > 0, "no small request was served in any round");
     }
     // Empty bins stay with their class until a trim (docs/ualloc.md).
     heap.trim(&stream).unwrap();

@@ -39,6 +39,10 @@ pub const CHUNK_ORDER: u32 = CHUNK_SHIFT - PAGE_SHIFT;
 /// The step in which the header's `used` word follows the per-SM live-byte counts (INV(HP3)):
 /// `used` and its high-water mark are exact to within this much per SM.
 pub const USED_QUANTUM: i64 = 64 << 10;
+
+/// Keeps the keys of the large free's groups (`free_large`, by block order) apart from other
+/// `Group::of` call sites that a warp's lanes may reach at once.
+const LARGE_FREE_TAG: u64 = 1 << 40;
 /// The smallest heap: one chunk of data.
 pub const MIN_HEAP_BYTES: u64 = CHUNK_SIZE as u64;
 /// The largest heap: the buddy tree's levels bound it (see `tbuddy::MAX_LEVELS`).
@@ -614,8 +618,7 @@ impl<'a> DeviceHeap<'a> {
     }
 
     fn ualloc(&self) -> UAlloc<'_, HeapChunks<'_>> {
-        UAlloc::new(self.arenas, HeapChunks { heap: self })
-        .with_trim_gate(&self.header.trim_gate.0)
+        UAlloc::new(self.arenas, HeapChunks { heap: self }).with_trim_gate(&self.header.trim_gate.0)
     }
 
     fn shard(&self) -> &StatsShard {
@@ -852,6 +855,19 @@ impl<'a> DeviceHeap<'a> {
         (start..end).contains(&(p as u64))
     }
 
+    /// The tree's half of a large free (the caller swapped the block's order out of the large
+    /// table): the lanes that give back blocks of one order together merge theirs first
+    /// (`TBuddy::free_together`). Returns the bytes given back. Out of line, so that the group
+    /// path's registers stay off the small-block free.
+    #[inline(never)]
+    fn free_large(&self, offset: u64, order: u32) -> u64 {
+        self.buddy
+            .free_together(&Group::of(LARGE_FREE_TAG | order as u64), offset, order);
+        let bytes = (PAGE_SIZE as u64) << order;
+        self.header.reserved.0.fetch_sub_relaxed(bytes);
+        bytes
+    }
+
     /// Free the block at `p`. Null is a no-op. A pointer this heap did not hand out, or one freed
     /// already, is counted (`stat::INVALID_FREES`, `stat::DOUBLE_FREES`) and otherwise ignored
     /// where detection is cheap: outside the data region, not a block start, a large block whose
@@ -876,13 +892,7 @@ impl<'a> DeviceHeap<'a> {
             // Available (`TBuddy::free`), not by this swap.
             match self.large[page].swap_acquire(0) {
                 0 => (stat::DOUBLE_FREES, 0),
-                o => {
-                    let order = o - 1;
-                    self.buddy.free(offset, order);
-                    let bytes = (PAGE_SIZE as u64) << order;
-                    self.header.reserved.0.fetch_sub_relaxed(bytes);
-                    (stat::LIVE_LARGE, bytes)
-                }
+                o => (stat::LIVE_LARGE, self.free_large(offset, o - 1)),
             }
         } else if !self.is_mapped(p) {
             // A growable heap's unmapped granule: no block there, and nothing to read.

@@ -768,6 +768,59 @@ impl<'a> TBuddy<'a> {
         self.header.free_pages.0.fetch_add_relaxed(1u64 << order);
     }
 
+    /// [`free`](Self::free) for the lanes of a warp that give back blocks of one order at once
+    /// (`group`; each lane its own live block at `offset`). Lanes whose blocks are buddies merge
+    /// them without the pair lock, up the tree while pairs form: the lane of the left half
+    /// stores the parent Busy, a whole block it now holds, and the lane of the right half is
+    /// done (INV(TB12)). Then each lane still holding a block frees it on the single path. A
+    /// warp that frees the blocks `alloc_together` gave it frees each of its runs as one block,
+    /// instead of climbing the pair locks and semaphores once per block.
+    ///
+    /// Collective over `group` (collective.rs rules: every round's `match.any` and ballot are
+    /// reached by every lane of the group).
+    pub fn free_together(&self, group: &Group, offset: u64, order: u32) {
+        if group.is_single() {
+            return self.free(offset, order);
+        }
+        let mask = group.mask();
+        let mut node = self.node_at(offset, order);
+        let mut level = order;
+        let mut holding = true;
+        loop {
+            // Lanes that hold both children of one parent have the same key; no other lane
+            // shares a key (the lanes' blocks are disjoint, and a lane holding nothing or the
+            // root has a key of its own).
+            let key = if holding && node != Node::ROOT {
+                node.parent().0 as u64
+            } else {
+                u64::MAX - platform::lane_id() as u64
+            };
+            let pair = platform::match_any(mask, key).count_ones() == 2;
+            if pair {
+                if node.0 & 1 == 0 {
+                    // INV(TB12): both halves are ours and Busy, so nobody else locks or reads
+                    // the pair: the parent goes from Partial to a Busy block, ours.
+                    node = node.parent();
+                    level += 1;
+                    self.word(node).store_relaxed(BUSY);
+                } else {
+                    holding = false;
+                }
+            }
+            if platform::ballot(mask, pair) == 0 {
+                break;
+            }
+        }
+        // bar.warp.sync orders every lane's writes to its half before the release that makes
+        // a merged block Available, by whichever lane frees it.
+        group.sync();
+        if holding {
+            self.free_block(self.offset_of(node, level), level);
+            // INV(TB9): the merged block's pages (every merged lane's) once it can be found.
+            self.header.free_pages.0.fetch_add_relaxed(1u64 << level);
+        }
+    }
+
     /// Return the block to the tree, merging it with free buddies on the way up.
     fn free_block(&self, offset: u64, order: u32) {
         debug_assert!(order <= self.max_order);
