@@ -162,6 +162,10 @@ pub struct TBuddyHeader {
     /// Tickets that re-scatter a search after a collision (threads that collided had the same
     /// seed, so they need distinct ones).
     scatter: Atomic32,
+    /// Group walks (`TBuddy::alloc_together`) started (low 32 bits) and ended (high 32 bits),
+    /// both wrapping: a walk holds units without a promise, so a single-path attempt that a
+    /// walk overlapped may have missed units that are about to come back (INV(TB13)).
+    walks: Atomic64,
 }
 
 impl TBuddyHeader {
@@ -174,6 +178,7 @@ impl TBuddyHeader {
             extent_pages: Atomic64::new(0),
             growable: Atomic32::new(0),
             scatter: Atomic32::new(0),
+            walks: Atomic64::new(0),
         }
     }
 
@@ -193,6 +198,14 @@ impl Default for TBuddyHeader {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Whether a group walk (INV(TB13)) overlapped a single-path attempt that read the walk
+/// counter as `before` when it began and `after` when it had failed: a walk was in flight at
+/// the start (started != ended), or one started since.
+fn walk_overlapped(before: u64, after: u64) -> bool {
+    let (started, ended) = (before as u32, (before >> 32) as u32);
+    started != ended || after as u32 != started
 }
 
 /// A tree node, by heap index: the root is 1, node n has children 2n and 2n+1.
@@ -495,9 +508,20 @@ impl<'a> TBuddy<'a> {
         }
         let tries = if order == 0 { SEARCH_TRIES } else { 2 };
         let mut backoff = Backoff::new();
-        for _ in 0..tries {
+        let mut failed = 0;
+        while failed < tries {
+            // Acquire: pairs with the release that ends a walk (its spares are Available).
+            let before = self.header.walks.load_acquire();
             if let Some(offset) = self.alloc_block(order) {
                 return Some(offset);
+            }
+            // INV(TB13): an attempt that a group walk overlapped may have missed units the
+            // walk holds without a promise; it does not count toward out of memory. A walk
+            // whose take our attempt saw is visible here (its start is fenced before its
+            // takes, and our semaphore operations are acquires).
+            let after = self.header.walks.load_acquire();
+            if !walk_overlapped(before, after) {
+                failed += 1;
             }
             backoff.snooze();
         }
@@ -592,6 +616,12 @@ impl<'a> TBuddy<'a> {
         if group.broadcast_u32(reserved as u32) == 0 {
             return self.alloc(order);
         }
+        if group.is_leader() {
+            // INV(TB13): the walk is announced before it takes a unit. Relaxed add, then a
+            // fence: every take below is then a release of the announcement.
+            self.header.walks.fetch_add_relaxed(1);
+            platform::fence_acq_rel();
+        }
         // The plan (leader): bit r of `starts` set where the run of lane rank r begins;
         // `covered` lanes are served; the last run's block is of order `top`.
         let (mut starts, mut covered, mut top) = (0u32, 0u32, order);
@@ -680,16 +710,23 @@ impl<'a> TBuddy<'a> {
         }
         // Every lane's inner nodes are Partial before a spare is Available.
         group.sync();
-        if !served {
-            return self.alloc(order);
-        }
-        if rank == covered - 1 {
+        if served && rank == covered - 1 {
             for h in 0..d {
                 let node = Node(leaf.0 >> h);
                 if node.0 & 1 == 0 {
                     self.make_available(node.buddy(), order + h, 1, false);
                 }
             }
+        }
+        // INV(TB13): the walk ends once every unit it took is a claimed block or an Available
+        // spare (bar.warp.sync orders the last lane's signals before the leader's release),
+        // and before the lanes it left over take the single path, which waits out walks.
+        group.sync();
+        if group.is_leader() {
+            self.header.walks.fetch_add_release(1 << 32);
+        }
+        if !served {
+            return self.alloc(order);
         }
         Some(self.offset_of(leaf, order))
     }
