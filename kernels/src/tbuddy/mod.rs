@@ -44,7 +44,14 @@
 //! reserved waiter is owed) for the lanes still unserved, a block of order k + d serving `2^d`
 //! lanes; the lanes split the blocks among themselves with plain stores (inner nodes Partial)
 //! and only the last lane's spare halves become Available (INV(TB11)). Lanes left over take
-//! the single path below.
+//! the single path below. A walk holds units without a promise, so the tree counts walks in
+//! flight, and a single-path attempt that one overlapped does not count toward out of memory
+//! (INV(TB13)).
+//!
+//! # A warp's frees together ([`TBuddy::free_together`])
+//! The lanes of a warp that free blocks of one order merge the buddies they both hold first,
+//! without the pair lock (both halves are theirs), and free what is left on the single path
+//! (INV(TB12)).
 //!
 //! # No false starvation
 //! Two allocators that decide at once to refill one order may race for one block above; the
@@ -81,6 +88,11 @@
 //!   `take` removes only whole free blocks.
 //! - TB11 (group path): see `alloc_together`; spares are the right siblings on the last used
 //!   leaf's path, counted after a warp sync; units are taken only beyond reservations.
+//! - TB12 (group free): two lanes merge a pair only if they hold both halves; the left lane
+//!   stores the parent Busy and holds it.
+//! - TB13 (walks and exact out of memory): a walk is counted before its first take and after
+//!   its spares are signalled; `alloc` counts a failed attempt toward out of memory only if no
+//!   walk was in flight when it began and none started since.
 
 pub mod index;
 
