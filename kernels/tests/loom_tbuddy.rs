@@ -9,6 +9,7 @@
 use loom::sync::Arc;
 use loom::thread;
 
+use toga_kernels::collective::Group;
 use toga_kernels::platform::Atomic32;
 use toga_kernels::tbuddy::{PAGE_SIZE, TBuddy, TBuddyHeader};
 
@@ -96,6 +97,38 @@ fn alloc_races_merge() {
         tree.view().free(off, 0);
         other.join().unwrap();
         tree.view().free(held, 1);
+        let view = tree.view();
+        view.assert_valid();
+        assert_eq!(view.alloc(MAX_ORDER), Some(0));
+    });
+}
+
+/// A group walk (`alloc_together`, a one-lane group here) takes the root's unit without a
+/// promise and splits it for one page; a single-path `alloc(1)` that runs meanwhile can find
+/// no unit and no promise at any order, yet the walk's spare of order 1 is about to be
+/// Available (INV(TB13)). Both must get disjoint blocks, and every page must come back.
+/// Limits of the model: the single path's attempts do fail here (88 failed attempts over the
+/// interleavings with three preemptions, 32 of them with the walk in flight throughout), but
+/// never twice in one execution, because its back-off between attempts lets the walk finish.
+/// So a mutation that counts every failed attempt toward out of memory is not caught, even
+/// with three preemptions; what a preempted host thread does across two attempts is beyond
+/// the bound.
+#[test]
+fn single_path_waits_out_a_group_walk() {
+    loom::model(|| {
+        let tree = Tree::new(PAGES);
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().alloc(1).expect("2 of 4 pages free"))
+        };
+        let mine = tree
+            .view()
+            .alloc_together(&Group::single(), 0)
+            .expect("4 pages, 3 wanted");
+        let theirs = other.join().unwrap();
+        assert!(disjoint(span(mine, 0), span(theirs, 1)));
+        tree.view().free(mine, 0);
+        tree.view().free(theirs, 1);
         let view = tree.view();
         view.assert_valid();
         assert_eq!(view.alloc(MAX_ORDER), Some(0));
