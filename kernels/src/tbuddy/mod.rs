@@ -90,9 +90,9 @@
 //!   leaf's path, counted after a warp sync; units are taken only beyond reservations.
 //! - TB12 (group free): two lanes merge a pair only if they hold both halves; the left lane
 //!   stores the parent Busy and holds it.
-//! - TB13 (walks and exact out of memory): a walk is counted before its first take and after
-//!   its spares are signalled; `alloc` counts a failed attempt toward out of memory only if no
-//!   walk was in flight when it began and none started since.
+//! - TB13 (walks and exact out of memory): a walk is counted as started before its first take
+//!   and as ended after its spares are signalled; `alloc` counts a failed attempt toward out of
+//!   memory only if the counters were equal when it began and none started since.
 
 pub mod index;
 
@@ -174,10 +174,12 @@ pub struct TBuddyHeader {
     /// Tickets that re-scatter a search after a collision (threads that collided had the same
     /// seed, so they need distinct ones).
     scatter: Atomic32,
-    /// Group walks (`TBuddy::alloc_together`) started (low 32 bits) and ended (high 32 bits),
-    /// both wrapping: a walk holds units without a promise, so a single-path attempt that a
-    /// walk overlapped may have missed units that are about to come back (INV(TB13)).
-    walks: Atomic64,
+    /// Group walks (`TBuddy::alloc_together`) started and ended: a walk holds units without a
+    /// promise, so a single-path attempt that a walk overlapped may have missed units that are
+    /// about to come back (INV(TB13)). Two 64-bit counters, which never wrap in practice (one
+    /// word with two 32-bit halves would carry from one into the other after 2^32 walks).
+    walks_started: Atomic64,
+    walks_ended: Atomic64,
 }
 
 impl TBuddyHeader {
@@ -190,7 +192,8 @@ impl TBuddyHeader {
             extent_pages: Atomic64::new(0),
             growable: Atomic32::new(0),
             scatter: Atomic32::new(0),
-            walks: Atomic64::new(0),
+            walks_started: Atomic64::new(0),
+            walks_ended: Atomic64::new(0),
         }
     }
 
@@ -210,14 +213,6 @@ impl Default for TBuddyHeader {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// Whether a group walk (INV(TB13)) overlapped a single-path attempt that read the walk
-/// counter as `before` when it began and `after` when it had failed: a walk was in flight at
-/// the start (started != ended), or one started since.
-fn walk_overlapped(before: u64, after: u64) -> bool {
-    let (started, ended) = (before as u32, (before >> 32) as u32);
-    started != ended || after as u32 != started
 }
 
 /// A tree node, by heap index: the root is 1, node n has children 2n and 2n+1.
@@ -522,17 +517,19 @@ impl<'a> TBuddy<'a> {
         let mut backoff = Backoff::new();
         let mut failed = 0;
         while failed < tries {
+            // Ended, then started: equal means no walk was in flight between the two loads.
             // Acquire: pairs with the release that ends a walk (its spares are Available).
-            let before = self.header.walks.load_acquire();
+            let ended = self.header.walks_ended.load_acquire();
+            let started = self.header.walks_started.load_acquire();
             if let Some(offset) = self.alloc_block(order) {
                 return Some(offset);
             }
             // INV(TB13): an attempt that a group walk overlapped may have missed units the
             // walk holds without a promise; it does not count toward out of memory. A walk
-            // whose take our attempt saw is visible here (its start is fenced before its
+            // whose take our attempt saw is counted here (its start is fenced before its
             // takes, and our semaphore operations are acquires).
-            let after = self.header.walks.load_acquire();
-            if !walk_overlapped(before, after) {
+            let now = self.header.walks_started.load_acquire();
+            if started == ended && now == started {
                 failed += 1;
             }
             backoff.snooze();
@@ -631,7 +628,7 @@ impl<'a> TBuddy<'a> {
         if group.is_leader() {
             // INV(TB13): the walk is announced before it takes a unit. Relaxed add, then a
             // fence: every take below is then a release of the announcement.
-            self.header.walks.fetch_add_relaxed(1);
+            self.header.walks_started.fetch_add_relaxed(1);
             platform::fence_acq_rel();
         }
         // The plan (leader): bit r of `starts` set where the run of lane rank r begins;
@@ -735,7 +732,7 @@ impl<'a> TBuddy<'a> {
         // and before the lanes it left over take the single path, which waits out walks.
         group.sync();
         if group.is_leader() {
-            self.header.walks.fetch_add_release(1 << 32);
+            self.header.walks_ended.fetch_add_release(1);
         }
         if !served {
             return self.alloc(order);
