@@ -39,7 +39,6 @@ pub const CHUNK_ORDER: u32 = CHUNK_SHIFT - PAGE_SHIFT;
 /// The step in which the header's `used` word follows the per-SM live-byte counts (INV(HP3)):
 /// `used` and its high-water mark are exact to within this much per SM.
 pub const USED_QUANTUM: i64 = 64 << 10;
-
 /// Keeps the keys of the large free's groups (`free_large`, by block order) apart from other
 /// `Group::of` call sites that a warp's lanes may reach at once.
 const LARGE_FREE_TAG: u64 = 1 << 40;

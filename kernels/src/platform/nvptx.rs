@@ -25,6 +25,24 @@ macro_rules! rmw {
     };
 }
 
+macro_rules! cas {
+    ($name:ident, $t:ty, $reg:ident, $sem:literal, $bits:literal) => {
+        /// Compare-and-swap with the semantics the name gives: `Ok(old)` if the word was
+        /// `current` and is now `new`, `Err(actual)` otherwise.
+        #[inline(always)]
+        pub fn $name(&self, current: $t, new: $t) -> Result<$t, $t> {
+            let old: $t;
+            // SAFETY: `self.0` is a valid, aligned location that only atomics touch.
+            unsafe {
+                asm!(concat!("atom.", $sem, ".gpu.cas.b", $bits, " {0}, [{1}], {2}, {3};"),
+                    out($reg) old, in(reg64) self.0.get(), in($reg) current, in($reg) new,
+                    options(nostack));
+            }
+            if old == current { Ok(old) } else { Err(old) }
+        }
+    };
+}
+
 macro_rules! atomic_type {
     ($name:ident, $t:ty, $reg:ident, $bits:literal) => {
         /// A word in GPU memory that is only ever accessed atomically.
@@ -111,46 +129,12 @@ macro_rules! atomic_type {
                 self.fetch_add_acq_rel(v.wrapping_neg())
             }
 
-            /// Compare-and-swap: `Ok(old)` if the word was `current` and is now `new`,
-            /// `Err(actual)` otherwise.
-            #[inline(always)]
-            pub fn compare_exchange_acq_rel(&self, current: $t, new: $t) -> Result<$t, $t> {
-                let old: $t;
-                // SAFETY: valid aligned location, atomic access.
-                unsafe {
-                    asm!(concat!("atom.acq_rel.gpu.cas.b", $bits, " {0}, [{1}], {2}, {3};"),
-                        out($reg) old, in(reg64) self.0.get(), in($reg) current, in($reg) new,
-                        options(nostack));
-                }
-                if old == current { Ok(old) } else { Err(old) }
-            }
-
-            /// Compare-and-swap with acquire semantics (a lock's acquisition: no MEMBAR before
-            /// the atomic on the GPU, where `acq_rel` issues one per try).
-            #[inline(always)]
-            pub fn compare_exchange_acquire(&self, current: $t, new: $t) -> Result<$t, $t> {
-                let old: $t;
-                // SAFETY: valid aligned location, atomic access.
-                unsafe {
-                    asm!(concat!("atom.acquire.gpu.cas.b", $bits, " {0}, [{1}], {2}, {3};"),
-                        out($reg) old, in(reg64) self.0.get(), in($reg) current, in($reg) new,
-                        options(nostack));
-                }
-                if old == current { Ok(old) } else { Err(old) }
-            }
-
-            /// Compare-and-swap with relaxed semantics (for counters that order nothing).
-            #[inline(always)]
-            pub fn compare_exchange_relaxed(&self, current: $t, new: $t) -> Result<$t, $t> {
-                let old: $t;
-                // SAFETY: valid aligned location, atomic access.
-                unsafe {
-                    asm!(concat!("atom.relaxed.gpu.cas.b", $bits, " {0}, [{1}], {2}, {3};"),
-                        out($reg) old, in(reg64) self.0.get(), in($reg) current, in($reg) new,
-                        options(nostack));
-                }
-                if old == current { Ok(old) } else { Err(old) }
-            }
+            // acq_rel: list surgery and node states; acquire: a lock's acquisition (no MEMBAR
+            // before the atomic on the GPU, where `acq_rel` issues one per try); relaxed:
+            // counters that order nothing.
+            cas!(compare_exchange_acq_rel, $t, $reg, "acq_rel", $bits);
+            cas!(compare_exchange_acquire, $t, $reg, "acquire", $bits);
+            cas!(compare_exchange_relaxed, $t, $reg, "relaxed", $bits);
 
             /// The word's address.
             #[inline(always)]
