@@ -19,7 +19,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaStream, PushKernelArg, sys};
 use toga_kernels::heap::{
     Geometry, GeometryError, HeapHeader, MAX_HEAP_BYTES, STATS_WORDS, StatsShard, stat,
 };
-use toga_kernels::size_class::{NUM_CLASSES, SizeClass};
+use toga_kernels::size_class::{NUM_CLASSES, NUM_KINDS, SizeClass};
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -139,6 +139,9 @@ pub struct Heap {
     stream: Arc<CudaStream>,
     init_nodes: cudarc::driver::CudaFunction,
     init_finish: cudarc::driver::CudaFunction,
+    /// `toga_heap_stock_arenas`; `None` for a module built before it existed (a PTX file
+    /// given through `TOGA_PTX_FILE`), whose heaps start without spare chunks.
+    stock_arenas: Option<cudarc::driver::CudaFunction>,
     trim: cudarc::driver::CudaFunction,
     /// Host copy of the geometry, kept alive until the async copy that reads it has run.
     header_image: Vec<u8>,
@@ -322,6 +325,7 @@ impl Heap {
             stream: stream.clone(),
             init_nodes: gpu.function("toga_heap_init_nodes")?,
             init_finish: gpu.function("toga_heap_init_finish")?,
+            stock_arenas: gpu.function("toga_heap_stock_arenas").ok(),
             trim: gpu.function("toga_trim")?,
             header_image: Vec::new(),
         };
@@ -437,7 +441,20 @@ impl Heap {
                 .launch(crate::launch_config(threads))?;
         }
         let Backing::Growable(g) = &self.backing else {
-            return self.launch_on_heap(stream, &self.init_finish);
+            self.launch_on_heap(stream, &self.init_finish)?;
+            // Spare chunks for the arenas' first adoptions (the kernel decides whether the
+            // heap is large enough). A growable heap's tree is empty here: no spares.
+            if let Some(f) = &self.stock_arenas {
+                let threads = self.geometry.arenas * NUM_KINDS as u64;
+                // SAFETY: the stocking kernel takes the heap's base; ordered after init.
+                unsafe {
+                    stream
+                        .launch_builder(f)
+                        .arg(&self.base)
+                        .launch(crate::launch_config(threads))?;
+                }
+            }
+            return Ok(());
         };
         self.launch_on_heap(stream, &g.init_finish)?;
         // Under the lock, so that the growth service's replies are either in this snapshot

@@ -29,6 +29,7 @@ const MAX_REGISTERS: u32 = REGISTERS_PER_BLOCK / USER_BLOCK_THREADS;
 const NOT_USER_KERNELS: &[&str] = &[
     "toga_heap_init_nodes",
     "toga_heap_init_finish",
+    "toga_heap_stock_arenas",
     "toga_bind_heap",
     "toga_trim",
     "toga_heap_probe",
@@ -233,6 +234,7 @@ const USER_PTX_ENTRIES: &[&str] = &[
     "toga_sm_id_bound",
     "toga_heap_init_nodes",
     "toga_heap_init_finish",
+    "toga_heap_stock_arenas",
     "toga_bind_heap",
     "toga_trim",
     "toga_heap_init_growable_finish",

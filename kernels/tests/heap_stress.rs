@@ -47,6 +47,17 @@ impl HostHeap {
         }
     }
 
+    /// [`HostHeap::new`], then every arena stocked with its spare chunks, as the GPU's init
+    /// does (`toga_heap_stock_arenas`).
+    fn stocked(data_bytes: u64, arenas: u64) -> Self {
+        let h = Self::new(data_bytes, arenas);
+        let stocked = (0..arenas * 2)
+            .filter(|&t| h.heap().stock_arenas(t))
+            .count() as u64;
+        assert_eq!(stocked, arenas * 2, "the heap has room for spares");
+        h
+    }
+
     fn heap(&self) -> DeviceHeap<'_> {
         // SAFETY: initialized in `new`, lives as long as `self`.
         unsafe { DeviceHeap::from_base(self.mem) }
@@ -86,7 +97,7 @@ fn xorshift(x: &mut u64) -> u64 {
 fn mixed_sizes_with_cross_thread_frees_keep_blocks_disjoint_and_intact() {
     const THREADS: usize = 6;
     const STEPS: usize = 3000;
-    let h = Arc::new(HostHeap::new(64 << 20, 4));
+    let h = Arc::new(HostHeap::stocked(64 << 20, 4));
     let oracle: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
         .map(|_| mpsc::channel::<(u64, u32, u64)>())
@@ -300,6 +311,72 @@ fn freed_small_blocks_serve_a_whole_heap_block_without_a_trim() {
     }
 }
 
+/// Spare chunks (INV(UA14)): a heap with room stocks each arena with one chunk per bin kind;
+/// the first adoption of each kind takes the spare without touching the tree, a second
+/// stocking keeps nothing, and a whole-heap request right after stocking is served (the
+/// out-of-memory path's trim gives the unused spares back). A heap without room gets none.
+#[test]
+fn stocked_spares_serve_first_adoptions_and_go_back_to_the_tree() {
+    const ARENAS: u64 = 4;
+    let h = HostHeap::new(64 << 20, ARENAS);
+    let heap = h.heap();
+    let pages = h.geometry.pages;
+    let chunk_pages = (CHUNK_SIZE / 4096) as u64;
+    let spares = ARENAS * 2;
+    let reserved = || heap_reserved(&h);
+    for t in 0..spares + 3 {
+        assert_eq!(heap.stock_arenas(t), t < spares, "thread {t}");
+    }
+    assert_eq!(heap.buddy().free_pages(), pages - spares * chunk_pages);
+    assert_eq!(reserved(), spares * CHUNK_SIZE as u64);
+    // A second launch finds every arena stocked: the chunks it took go back at once.
+    for t in 0..spares {
+        assert!(!heap.stock_arenas(t), "thread {t} stocked twice");
+    }
+    assert_eq!(heap.buddy().free_pages(), pages - spares * chunk_pages);
+    // This thread's arena adopts a small and a large chunk: both are its spares.
+    let small = heap.malloc(16);
+    let large = heap.malloc(1000);
+    assert!(!small.is_null() && !large.is_null());
+    assert_eq!(
+        heap.buddy().free_pages(),
+        pages - spares * chunk_pages,
+        "the first adoptions took the spares, not new chunks"
+    );
+    // SAFETY: live blocks, freed once.
+    unsafe {
+        heap.free(small);
+        heap.free(large);
+    }
+    // The whole heap at once: the spares and the emptied chunks come back on the way.
+    let whole = heap.malloc(pages as usize * 4096);
+    assert!(!whole.is_null(), "a whole-heap block with spares stocked");
+    assert_eq!(
+        reserved(),
+        pages * 4096,
+        "the whole block alone is reserved"
+    );
+    // SAFETY: a live block, freed once.
+    unsafe { heap.free(whole) };
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), pages);
+
+    // Eight chunks per spare or more, or none: 64 MiB has 128 chunks, too few for 16 arenas.
+    let small_heap = HostHeap::new(64 << 20, 16);
+    assert!(!small_heap.heap().stock_arenas(0));
+    assert_eq!(
+        small_heap.heap().buddy().free_pages(),
+        small_heap.geometry.pages
+    );
+}
+
+fn heap_reserved(h: &HostHeap) -> u64 {
+    // SAFETY: reading one word of our own heap's header.
+    unsafe {
+        std::ptr::read_volatile(h.mem.add(std::mem::offset_of!(HeapHeader, reserved)) as *const u64)
+    }
+}
+
 #[test]
 fn calloc_and_realloc_keep_contents() {
     let h = HostHeap::new(8 << 20, 1);
@@ -331,7 +408,8 @@ fn trim_races_mixed_mallocs_and_frees() {
     const THREADS: usize = 3;
     const STEPS: usize = 4000;
     const MAX_LIVE: usize = 48;
-    let h = Arc::new(HostHeap::new(16 << 20, 2));
+    // Stocked: the trims race the arenas' first adoptions for the spares too.
+    let h = Arc::new(HostHeap::stocked(16 << 20, 2));
     let oracle: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let trimmer = {

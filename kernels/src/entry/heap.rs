@@ -39,6 +39,18 @@ pub unsafe extern "ptx-kernel" fn toga_heap_init_finish(base: *mut u8) {
     }
 }
 
+/// Initialization, step 3 (fixed heaps, launched after step 2 with `2 × arenas` threads):
+/// each arena gets a spare chunk of each bin kind where the heap is large enough
+/// (`DeviceHeap::stock_arenas`).
+///
+/// # Safety
+/// As for `toga_heap_init_finish`, after it completed, and before any kernel allocates.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_stock_arenas(base: *mut u8) {
+    // SAFETY: kernel contract.
+    unsafe { DeviceHeap::from_base(base) }.stock_arenas(platform::global_thread_id());
+}
+
 /// Make `base` the heap of this module's `malloc`/`free`/`GlobalAlloc` (0 unbinds).
 ///
 /// # Safety

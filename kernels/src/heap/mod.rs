@@ -42,6 +42,11 @@ pub const USED_QUANTUM: i64 = 64 << 10;
 /// Keeps the keys of the large free's groups (`free_large`, by block order) apart from other
 /// `Group::of` call sites that a warp's lanes may reach at once.
 const LARGE_FREE_TAG: u64 = 1 << 40;
+/// Keeps the group of `stock_arenas` apart from other `Group::of` call sites.
+const STOCK_TAG: u64 = 2 << 40;
+/// A heap stocks its arenas with spare chunks (`DeviceHeap::stock_arenas`) only where it has
+/// at least this many chunks per spare: the spares are at most this fraction of the heap.
+pub const STOCK_HEADROOM: u64 = 8;
 /// The smallest heap: one chunk of data.
 pub const MIN_HEAP_BYTES: u64 = CHUNK_SIZE as u64;
 /// The largest heap: the buddy tree's levels bound it (see `tbuddy::MAX_LEVELS`).
@@ -401,6 +406,42 @@ impl<'a> DeviceHeap<'a> {
         self.buddy.init_finish(self.header.geometry.pages);
         // Pairs with the acquire in `is_initialized`.
         self.header.magic.store_release(HEAP_MAGIC);
+    }
+
+    /// Initialization, step 3 (fixed heaps, after `init_finish`): thread `thread` takes one
+    /// chunk from the tree for arena `thread / 2` as its spare of bin kind `thread % 2`
+    /// (threads past `2 × arenas` do nothing). An arena's first adoption of a kind then takes
+    /// the spare with one `swap` instead of climbing the tree: in a fresh heap every arena
+    /// adopts its first chunks at once, and those climbs, one split at a time, were most of a
+    /// 1024-thread kernel's time. Only heaps where the spares are at most an eighth of the
+    /// chunks get them ([`STOCK_HEADROOM`]); `trim`, which `malloc` runs before it reports out
+    /// of memory, gives back the spares no arena took (INV(UA14)). The lanes of a warp take
+    /// their chunks with one group walk (`TBuddy::alloc_together`). Returns whether this
+    /// thread stocked a spare.
+    pub fn stock_arenas(&self, thread: u64) -> bool {
+        let kinds = crate::size_class::NUM_KINDS as u64;
+        let arenas = self.arenas.len() as u64;
+        let chunks = self.buddy.usable_pages() >> CHUNK_ORDER;
+        if thread >= arenas * kinds || chunks < STOCK_HEADROOM * arenas * kinds {
+            return false;
+        }
+        let group = Group::of(STOCK_TAG);
+        let Some(offset) = self.buddy.alloc_together(&group, CHUNK_ORDER) else {
+            return false;
+        };
+        add_reserved(self.header, CHUNK_SIZE as u64);
+        // SAFETY: TBuddy offsets are inside the data region.
+        let chunk = unsafe { self.data.add(offset as usize) };
+        let kind = crate::size_class::BinKind::ALL[(thread % kinds) as usize];
+        let stocked = self
+            .ualloc()
+            .stock_spare((thread / kinds) as usize, kind, chunk);
+        if !stocked {
+            // Stocked twice (a second launch): the chunk goes back.
+            // SAFETY: the chunk came from `alloc_together` above and nobody else has it.
+            unsafe { HeapChunks { heap: self }.free_chunk(chunk) };
+        }
+        stocked
     }
 
     /// Initialization of a growable heap, step 2 (one thread, after step 1): the tree starts

@@ -60,6 +60,10 @@ pub(crate) struct ChunkList {
     /// Number of chunks on `all`.
     pub(crate) count: Atomic32,
     pub(crate) lock: CollectiveMutex,
+    /// A chunk the heap took from the source for this arena and kind when it was initialized
+    /// (address, 0 = none): the arena's first adoption takes it with one `swap` instead of a
+    /// climb of the buddy tree, and `trim` gives it back unused (INV(UA14)).
+    pub(crate) spare: Atomic64,
 }
 
 /// Per bin kind.
@@ -138,6 +142,7 @@ impl Arena {
                     all: Atomic64::new(0),
                     count: Atomic32::new(0),
                     lock: CollectiveMutex::new(),
+                    spare: Atomic64::new(0),
                 }),
             }),
             trimming: Line(CollectiveMutex::new()),

@@ -6,7 +6,7 @@ use crate::collective::Group;
 use crate::platform::Backoff;
 use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::{drain_pending, sync_listing};
-use crate::ualloc::arena::{Arena, ChunkList, bin_at, chunk_at};
+use crate::ualloc::arena::{Arena, ChunkList, KindState, bin_at, chunk_at};
 use crate::ualloc::bin::BinHeader;
 use crate::ualloc::chunk::{ChunkHeader, bin_offset, bins_per_chunk, chunk_base};
 use crate::ualloc::layout::CHUNK_SIZE;
@@ -228,6 +228,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             arena.trimming.0.unlock();
         }
+        // Spares that no arena adopted are memory nobody uses (INV(UA14)).
+        done += self.give_back_spares();
         // A bin carved for one arena in another arena's chunk (INV(UA12)) that went back
         // above may have emptied its chunk, whose return is queued in the chunk's arena,
         // which the loop may have passed already. Chunk returns queue nothing more.
@@ -350,7 +352,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     fn adopt_chunk(&self, ai: usize, kind: BinKind, k: u32) -> u64 {
         let ks = self.arenas[ai].kind(kind);
         let per = bins_per_chunk(kind);
-        let Some(base) = self.source.alloc_chunk() else {
+        let Some(base) = self.take_spare(ks).or_else(|| self.source.alloc_chunk()) else {
             ks.bins.0.retract(per - k);
             return 0;
         };
@@ -370,6 +372,58 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // INV(UA9): listed before its units are.
         ks.bins.0.signal(per - k, per - k);
         base as u64
+    }
+
+    /// The arena's spare chunk of this kind, if it still has one (INV(UA14)): a load, and a
+    /// `swap` only where the load saw one.
+    #[inline(always)]
+    fn take_spare(&self, ks: &KindState) -> Option<*mut u8> {
+        let spare = &ks.chunks.0.spare;
+        if spare.load_relaxed() == 0 {
+            return None;
+        }
+        // Acquire: pairs with the release in `stock_spare` (on the GPU the stocking kernel has
+        // ended before any malloc runs; the host's tests need the pair).
+        match spare.swap_acquire(0) {
+            0 => None,
+            chunk => Some(chunk as *mut u8),
+        }
+    }
+
+    /// Give `chunk` (from the source, not used) to arena `ai` as its spare of `kind`: the
+    /// arena's next adoption of that kind takes it instead of asking the source. Returns
+    /// `false` (and keeps nothing) if the arena has a spare of that kind already; the caller
+    /// still owns `chunk` then. The heap stocks its arenas this way when it is initialized
+    /// (`DeviceHeap::stock_arenas`).
+    pub fn stock_spare(&self, ai: usize, kind: BinKind, chunk: *mut u8) -> bool {
+        debug_assert!((chunk as usize).is_multiple_of(CHUNK_SIZE));
+        let spare = &self.arenas[ai].kind(kind).chunks.0.spare;
+        // Release: pairs with the acquire swaps in `take_spare` and `give_back_spares`.
+        spare.compare_exchange_acq_rel(0, chunk as u64).is_ok()
+    }
+
+    /// Give every arena's unused spare chunks back to the source (INV(UA14)). Returns how many.
+    #[cold]
+    #[inline(never)]
+    fn give_back_spares(&self) -> u32 {
+        let mut given = 0;
+        for arena in self.arenas {
+            for kind in BinKind::ALL {
+                let spare = &arena.kind(kind).chunks.0.spare;
+                if spare.load_relaxed() == 0 {
+                    continue;
+                }
+                // Acquire: as in `take_spare`.
+                let chunk = spare.swap_acquire(0);
+                if chunk != 0 {
+                    // SAFETY: INV(UA14): a spare came from the source, and the swap made it
+                    // ours alone; nothing ever used it.
+                    unsafe { self.source.free_chunk(chunk as *mut u8) };
+                    given += 1;
+                }
+            }
+        }
+        given
     }
 
     /// An RCU callback: the retired `bin` goes back to its chunk; a chunk left with no carved
