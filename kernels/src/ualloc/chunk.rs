@@ -185,7 +185,8 @@ impl ChunkHeader {
         debug_assert!(taken <= bins);
         h.kind.store_relaxed(kind.index() as u32);
         for b in 0..bins as usize {
-            h.bin(b).uncarve();
+            // Published by the release of the magic below.
+            h.bin(b).uncarve_unpublished();
         }
         for (w, word) in h.free_bins.iter().enumerate() {
             word.store_relaxed(initial_free_word(w, bins, taken));
