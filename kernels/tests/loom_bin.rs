@@ -8,7 +8,8 @@
 //! the same words. Checked: no slot is handed out twice, `used` matches the bitmap when the
 //! threads are done (INV(UA3)), a retired bin hands out nothing (INV(UA4)), a double free is
 //! reported once, and the group release (`release_many`, one `fetch_and` and one `fetch_sub`
-//! for a warp's slots of one word) against claims, single releases and retirement.
+//! for a warp's slots of one word) against claims, single releases and retirement, and the
+//! fresh cursor (INV(UA15)) against a release that empties the bin.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
@@ -89,6 +90,64 @@ fn group_claims_are_disjoint() {
         assert!((2..=3).contains(&total));
         assert_eq!(b.used_word(), b.taken_slots(class()), "INV(UA3)");
     });
+}
+
+/// The fresh cursor (INV(UA15)): two claimers race a release that empties the bin and puts
+/// the cursor back to 0. Whatever the order, no slot goes to two claimers, the count matches
+/// the bitmap, and claiming until nothing is left hands out exactly the free slots, the ones
+/// a cursor passed over included (scans find them). For a class that looks at `used` before
+/// it counts (128 B, 32 slots) and one that counts at once (16 B, 256 slots).
+#[test]
+fn an_emptying_release_races_fresh_claims() {
+    for size in [128, 16] {
+        loom::model(move || emptying_release_races_fresh_claims(SizeClass::from_size(size)));
+    }
+}
+
+fn emptying_release_races_fresh_claims(class: SizeClass) {
+    let b = Arc::new(BinHeader::new());
+    b.init(class, 1);
+    let claimer = {
+        let b = b.clone();
+        thread::spawn(move || b.claim(class, 0, 1))
+    };
+    let releaser = {
+        let b = b.clone();
+        thread::spawn(move || b.release(class, 0))
+    };
+    let mine = b.claim(class, 0, 1);
+    let theirs = claimer.join().unwrap();
+    assert!(matches!(releaser.join().unwrap(), Release::Freed { .. }));
+    let slot = |c: Claim| match c {
+        Claim::Got { word, bits, .. } => {
+            assert_eq!(bits.count_ones(), 1);
+            word * 64 + bits.trailing_zeros()
+        }
+        other => panic!("a claim with free slots got {other:?}"),
+    };
+    let (mine, theirs) = (slot(mine), slot(theirs));
+    assert_ne!(mine, theirs, "slot handed out twice");
+    assert_eq!(b.used_word(), 2);
+    assert_eq!(b.taken_slots(class), 2, "INV(UA3)");
+    let mut taken = vec![false; class.slots() as usize];
+    taken[mine as usize] = true;
+    taken[theirs as usize] = true;
+    loop {
+        match b.claim(class, 0, 32) {
+            Claim::Got { word, mut bits, .. } => {
+                while bits != 0 {
+                    let s = (word * 64 + bits.trailing_zeros()) as usize;
+                    assert!(!taken[s], "slot {s} handed out twice");
+                    taken[s] = true;
+                    bits &= bits - 1;
+                }
+            }
+            Claim::NoneFree { .. } => break,
+            Claim::Retired => unreachable!(),
+        }
+    }
+    assert!(taken.iter().all(|&t| t), "a free slot was never handed out");
+    assert_eq!(b.used_word(), class.slots());
 }
 
 /// A release of a full bin races a claim: the claim gets the freed slot or nothing, `used`
