@@ -8,8 +8,9 @@
 //! the same words. Checked: no slot is handed out twice, `used` matches the bitmap when the
 //! threads are done (INV(UA3)), a retired bin hands out nothing (INV(UA4)), a double free is
 //! reported once, and the group release (`release_many`, one `fetch_and` and one `fetch_sub`
-//! for a warp's slots of one word) against claims, single releases and retirement, and the
-//! fresh cursor (INV(UA15)) against a release that empties the bin.
+//! for a warp's slots of one word) against claims, single releases and retirement, the
+//! fresh cursor (INV(UA15)) against a release that empties the bin, and the pending stack
+//! (INV(UA13)): notes racing drains, and a drain never following a link of an earlier push.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
@@ -711,5 +712,41 @@ fn a_crossing_during_the_drain_is_settled() {
             "INV(UA7): the freed slot's bin is unlisted"
         );
         assert_eq!(b.pending_count(), 0, "INV(UA13)");
+    });
+}
+
+/// A bin pushed again after a drain races the next drain, while its `pnext` still holds the
+/// link of its earlier push: the drain reaches it through the head, so it reads the new
+/// push's `UNSET` or its final link, never the old link (`note` links with a relaxed store
+/// and pushes with a release swap without an acquire half; the drain's acquire swap
+/// synchronizes with every push before it). A drain that followed the old link would settle
+/// a bin that nobody noted this time.
+#[test]
+fn a_drain_never_follows_a_link_of_an_earlier_push() {
+    loom::model(|| {
+        let (a, c) = (bin(class().slots() - 1), bin(class().slots() - 1));
+        let stack = Arc::new(PendingStack::new());
+        // Earlier pushes: c on a, both drained (c's link still names a).
+        assert!(stack.note(&a));
+        assert!(stack.note(&c));
+        assert_eq!(stack.drain(|_| {}), 2);
+        let pusher = {
+            let (c, stack) = (c.clone(), stack.clone());
+            thread::spawn(move || stack.note(&c))
+        };
+        let a_addr = &*a as *const BinHeader as u64;
+        let mut settled = Vec::new();
+        stack.drain(|bins| settled.extend_from_slice(bins));
+        assert!(
+            pusher.join().unwrap(),
+            "the first note since the drain pushes"
+        );
+        stack.drain(|bins| settled.extend_from_slice(bins));
+        assert!(
+            !settled.contains(&a_addr),
+            "a drain followed the link of an earlier push"
+        );
+        assert_eq!(settled, [&*c as *const BinHeader as u64], "c settled once");
+        assert_eq!(a.pending_count() + c.pending_count(), 0, "INV(UA13)");
     });
 }

@@ -60,6 +60,10 @@ macro_rules! cpu_atomic {
                 self.0.fetch_or(v, Relaxed)
             }
             #[inline]
+            pub fn fetch_or_acquire(&self, v: $t) -> $t {
+                self.0.fetch_or(v, Acquire)
+            }
+            #[inline]
             pub fn fetch_or_acq_rel(&self, v: $t) -> $t {
                 self.0.fetch_or(v, AcqRel)
             }
@@ -78,6 +82,10 @@ macro_rules! cpu_atomic {
             #[inline]
             pub fn swap_acquire(&self, v: $t) -> $t {
                 self.0.swap(v, Acquire)
+            }
+            #[inline]
+            pub fn swap_release(&self, v: $t) -> $t {
+                self.0.swap(v, Release)
             }
             #[inline]
             pub fn swap_acq_rel(&self, v: $t) -> $t {

@@ -102,11 +102,13 @@ macro_rules! atomic_type {
             rmw!(fetch_add_release, $t, $reg, "release", "add.u", $bits);
             rmw!(fetch_add_acq_rel, $t, $reg, "acq_rel", "add.u", $bits);
             rmw!(fetch_or_relaxed, $t, $reg, "relaxed", "or.b", $bits);
+            rmw!(fetch_or_acquire, $t, $reg, "acquire", "or.b", $bits);
             rmw!(fetch_or_acq_rel, $t, $reg, "acq_rel", "or.b", $bits);
             rmw!(fetch_and_relaxed, $t, $reg, "relaxed", "and.b", $bits);
             rmw!(fetch_and_acquire, $t, $reg, "acquire", "and.b", $bits);
             rmw!(fetch_and_acq_rel, $t, $reg, "acq_rel", "and.b", $bits);
             rmw!(swap_acquire, $t, $reg, "acquire", "exch.b", $bits);
+            rmw!(swap_release, $t, $reg, "release", "exch.b", $bits);
             rmw!(swap_acq_rel, $t, $reg, "acq_rel", "exch.b", $bits);
             rmw!(fetch_min_relaxed, $t, $reg, "relaxed", "min.u", $bits);
             rmw!(fetch_max_relaxed, $t, $reg, "relaxed", "max.u", $bits);
