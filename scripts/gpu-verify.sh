@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One call for a build's last lease (from the repository root, after scripts/bundle and
+# bundle/ptx/*.ptx): `host bench` for every PTX in bundle/ptx (ROUNDS alternated rounds, same
+# host binary through TOGA_PTX_FILE), then the GPU tests, the example and `host` stress on the
+# bundle's own PTX, then compute-sanitizer memcheck and racecheck on the allocator's busiest
+# heap_gpu tests and on a small `host` run. Logs to $OUT/v/, a summary on stdout.
+# PLATFORM=1 adds platform_gpu (litmus tests of the atomics, about 100 s).
+b=${BUNDLE:-bundle}; L=${OUT:-$b/logs}/v; mkdir -p "$L"
+export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer
+export TOGA_HOST_BIN=$PWD/$b/host
+t() { # name limit command...: run, then print rc, seconds and the test summaries
+  local n=$1 s=$SECONDS; shift
+  timeout -s KILL "$@" >"$L/$n.log" 2>&1
+  echo "=== $n rc=$? $((SECONDS - s)) s"
+  grep -hE "^test .*(FAIL|panicked)|test result|ERROR SUMMARY|RACECHECK SUMMARY|wrong sums" "$L/$n.log"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$L/gpu.txt"
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for p in "$b"/ptx/*.ptx; do
+    v=$(basename "$p" .ptx)
+    t "ab-$v-$r" 90 env TOGA_PTX_FILE="$p" "$b/host" bench --timeout 85
+  done
+done
+for p in "$b"/ptx/*.ptx; do
+  v=$(basename "$p" .ptx); echo "##### $v (size, fresh, warm, free, ... per round)"
+  grep -hE "^ +[0-9]+ " "$L"/ab-"$v"-*.log
+done
+tests=$b/tests
+[ "${PLATFORM:-0}" = 1 ] && t platform 150 "$tests/platform_gpu" --test-threads=1 --include-ignored
+t heap 200 "$tests/heap_gpu" --test-threads=1 --include-ignored
+t fit 150 "$tests/fit_gpu" --test-threads=1 --include-ignored
+t util 120 "$tests/utilization_gpu" --test-threads=1 --include-ignored
+t cli 60 "$tests/cli" --test-threads=1 --include-ignored
+t growable 120 "$tests/growable_gpu" --test-threads=1 --include-ignored
+t fallback 30 "$tests/growable_fallback_gpu" --include-ignored
+t user-ptx 60 "$tests/user_ptx_gpu" --include-ignored
+t example 30 "$b/vec-kernel-example"
+t stress 90 "$b/host" --timeout 85
+grep -E "✓|✗|rows|exit" "$L/stress.log" | tail -4
+cs() { compute-sanitizer --tool "$1" --error-exitcode 9 "${@:2}"; }
+heap_tests="double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty one_sm_frees_more_slots_than_a_24_bit_count_holds vec_grows_in_every_thread"
+for k in $heap_tests; do
+  t "memcheck-$k" "${SANITIZE_LIMIT:-120}" cs memcheck "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
+done
+for k in double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty; do
+  t "racecheck-$k" "${SANITIZE_LIMIT:-120}" cs racecheck "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
+done
+t memcheck-host 120 cs memcheck "$b/host" --threads 4096 --heap-size 64MiB --host-growth --timeout 110
+tar -czf "${OUT:-$b/logs}/verify-logs.tar.gz" -C "$L" .
