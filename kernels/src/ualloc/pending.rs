@@ -96,8 +96,7 @@ impl PendingStack {
             return 0;
         }
         // Acquire: pairs with the release swaps in `note` (the pushed bins and their `UNSET`:
-        // the swaps form one release sequence on the head). Release: an earlier drain's
-        // settling happens before the next drain's (their swaps, in turn).
+        // the swaps form one release sequence on the head).
         let mut at = self.head.swap_acq_rel(0);
         let mut taken = 0;
         let mut bins = [0u64; DRAIN_BATCH];
