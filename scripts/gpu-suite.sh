@@ -3,7 +3,6 @@
 # harness, the example and a scan, each under a time limit. Summaries on stdout, logs in $OUT.
 # The GPU tests are #[ignore]d without --include-ignored, which every line here passes.
 # Logs go to $OUT/suite-logs.tar.gz. SANITIZE=1 runs compute-sanitizer (memcheck, racecheck) on the GPU tests instead.
-export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer, when SANITIZE=1
 b=${BUNDLE:-bundle}; dest=${OUT:-$b/logs}; mkdir -p "$dest"
 out=$(mktemp -d); trap 'tar -czf "$dest/suite-logs.tar.gz" -C "$out" .' EXIT
 export TOGA_HOST_BIN=$PWD/$b/host

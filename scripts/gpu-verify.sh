@@ -6,7 +6,7 @@
 # heap_gpu tests and on a small `host` run. Logs to $OUT/v/, a summary on stdout.
 # PLATFORM=1 adds platform_gpu (litmus tests of the atomics, about 100 s).
 b=${BUNDLE:-bundle}; L=${OUT:-$b/logs}/v; mkdir -p "$L"
-export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer
+san=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 export TOGA_HOST_BIN=$PWD/$b/host
 t() { # name limit command...: run, then print rc, seconds and the test summaries
   local n=$1 s=$SECONDS; shift
@@ -37,13 +37,12 @@ t user-ptx 60 "$tests/user_ptx_gpu" --include-ignored
 t example 30 "$b/vec-kernel-example"
 t stress 90 "$b/host" --timeout 85
 grep -E "✓|✗|rows|exit" "$L/stress.log" | tail -4
-cs() { compute-sanitizer --tool "$1" --error-exitcode 9 "${@:2}"; }
 heap_tests="double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty one_sm_frees_more_slots_than_a_24_bit_count_holds vec_grows_in_every_thread"
 for k in $heap_tests; do
-  t "memcheck-$k" "${SANITIZE_LIMIT:-120}" cs memcheck "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
+  t "memcheck-$k" "${SANITIZE_LIMIT:-120}" "$san" --tool memcheck --error-exitcode 9 "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
 done
 for k in double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty; do
-  t "racecheck-$k" "${SANITIZE_LIMIT:-120}" cs racecheck "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
+  t "racecheck-$k" "${SANITIZE_LIMIT:-120}" "$san" --tool racecheck --error-exitcode 9 "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
 done
-t memcheck-host 120 cs memcheck "$b/host" --threads 4096 --heap-size 64MiB --host-growth --timeout 110
+t memcheck-host 120 "$san" --tool memcheck --error-exitcode 9 "$b/host" --threads 4096 --heap-size 64MiB --host-growth --timeout 110
 tar -czf "${OUT:-$b/logs}/verify-logs.tar.gz" -C "$L" .

@@ -646,7 +646,7 @@ impl<'a> TBuddy<'a> {
                     // which a fuller heap may need elsewhere. (The bound was half the tree
                     // until 2026-11-25: with spare chunks stocked at init, f_large's fills of
                     // half the heap crossed it, and their last groups fell to the single path:
-                    // 16 KiB × 2^17 took 9–15 ms instead of 0.34.)
+                    // 16 KiB × 2^17 took 9–17 ms instead of 0.26–0.34.)
                     if self.header.free_pages() < margin as i64 {
                         break;
                     }
