@@ -92,6 +92,7 @@
 
 use core::marker::PhantomData;
 
+use crate::collective::SingleFlight;
 use crate::platform::{self, Atomic64, Backoff};
 
 /// How a semaphore's word is cut: R at the bottom, then E, then C to the top, so that a
@@ -211,6 +212,19 @@ impl Counters {
             r: r as i64,
         }
     }
+}
+
+/// What [`BulkSemaphore::take_shared`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shared {
+    /// `n` units, taken from the semaphore.
+    Taken,
+    /// This thread refilled: `refill`'s token; it kept `n` of the units it made.
+    Refilled(u64),
+    /// A refill (this thread's or the one it joined) made nothing.
+    Exhausted,
+    /// Refills succeeded, but others took their units first, `tries` times.
+    Busy,
 }
 
 /// A bulk semaphore (see the module doc) whose word is cut by layout `L`. 8 bytes; zeroed
@@ -386,6 +400,58 @@ impl<L: Layout> BulkSemaphore<L> {
         // INV(SEM3): give the units back.
         self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
         false
+    }
+
+    /// `n` units for a thread that must not [`wait`](Self::wait) here, because R and E are
+    /// sized for other threads (an arena's semaphores and another SM, INV(SEM2)): a
+    /// [`try_wait`](Self::try_wait), or else ONE refill at a time through `gate`, which other
+    /// such threads join instead of refilling too (INV(UA16)).
+    ///
+    /// A refill promises `batch - n` units and calls `refill`, which must answer the promise
+    /// with `signal(_, batch - n)` or `retract(batch - n)` (INV(SEM4)) and return
+    /// `Some(token)` when it made units and kept `n` of them for the caller. A thread that
+    /// joins a refill that succeeded looks for units again, `tries` times in all.
+    pub fn take_shared(
+        &self,
+        gate: &SingleFlight,
+        n: u32,
+        batch: u32,
+        tries: u32,
+        refill: impl Fn() -> Option<u64>,
+    ) -> Shared {
+        for _ in 0..tries {
+            // A plain load first: a failed `try_wait` is two atomics on a shared line.
+            if self.available() >= n && self.try_wait(n) {
+                return Shared::Taken;
+            }
+            let mut token = 0;
+            let run = gate.try_run(|| {
+                // Another refill may have ended just before this one started.
+                if self.try_wait(n) {
+                    return 1;
+                }
+                self.promise(batch - n);
+                match refill() {
+                    Some(t) => {
+                        token = t;
+                        2
+                    }
+                    None => 0,
+                }
+            });
+            match run {
+                Ok(0) => return Shared::Exhausted,
+                Ok(1) => return Shared::Taken,
+                Ok(_) => return Shared::Refilled(token),
+                Err(running) => {
+                    // The refill in flight found nothing: neither would ours.
+                    if gate.join(running) == 0 {
+                        return Shared::Exhausted;
+                    }
+                }
+            }
+        }
+        Shared::Busy
     }
 
     /// [`wait`](Self::wait) for a warp: the lanes that call it on the same semaphore (grouped

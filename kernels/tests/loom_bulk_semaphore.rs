@@ -9,7 +9,8 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicI64, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 
-use toga_kernels::bulk_semaphore::{BulkSemaphore, Global, Layout, PerSm, Wait};
+use toga_kernels::bulk_semaphore::{BulkSemaphore, Global, Layout, PerSm, Shared, Wait};
+use toga_kernels::collective::SingleFlight;
 
 /// Units behind a semaphore, a refill budget, and a shadow count of the units that exist.
 struct Pool<L: Layout = Global> {
@@ -210,5 +211,65 @@ fn take_spare_leaves_a_reserved_waiter_its_unit() {
         assert_eq!(waiter.join().unwrap(), Wait::Acquired);
         assert_eq!(walker.join().unwrap(), 0);
         assert_eq!(sem.counters(), (0, 0, 0));
+    });
+}
+
+/// One unit through [`BulkSemaphore::take_shared`] (INV(UA16), a class's home): one refill of
+/// two units at a time through the gate, from the pool's refill budget.
+fn take_shared(p: &Pool<PerSm>, gate: &SingleFlight) -> Shared {
+    let got = p.sem.take_shared(gate, 1, 2, 2, || {
+        if p.refills_left.fetch_sub(1, SeqCst) > 0 {
+            // Two made, one kept: one goes to the semaphore.
+            p.units.fetch_add(1, SeqCst);
+            p.sem.signal(1, 1);
+            Some(2)
+        } else {
+            p.sem.retract(1);
+            None
+        }
+    });
+    match got {
+        Shared::Taken => assert!(
+            p.units.fetch_sub(1, SeqCst) >= 1,
+            "handed out a unit that did not exist"
+        ),
+        Shared::Refilled(token) => assert_eq!(token, 2),
+        Shared::Exhausted | Shared::Busy => return got,
+    }
+    p.got.fetch_add(1, SeqCst);
+    got
+}
+
+/// Two threads of other SMs take units through the shared refill while the semaphore's own
+/// thread waits and refills as usual, with one refill of two units in the budget. No unit goes
+/// out twice or is lost, nothing stays promised or reserved, and a thread reports the heap
+/// exhausted only when a refill really found nothing.
+#[test]
+fn shared_refills_against_a_waiter() {
+    loom::model(|| {
+        let pool = Pool::<PerSm>::new(0, 1);
+        let gate = Arc::new(SingleFlight::new());
+        let others: Vec<_> = (0..2)
+            .map(|_| {
+                let (p, g) = (pool.clone(), gate.clone());
+                thread::spawn(move || take_shared(&p, &g))
+            })
+            .collect();
+        let own = pool.take();
+        let results: Vec<Shared> = others.into_iter().map(|h| h.join().unwrap()).collect();
+        let (c, e, r) = pool.sem.counters();
+        assert_eq!((e, r), (0, 0));
+        assert_eq!(pool.units.load(SeqCst), c as i64);
+        assert_eq!(
+            pool.got.load(SeqCst) + c as usize,
+            2,
+            "the refill's two units are handed out or left in the semaphore"
+        );
+        if results.contains(&Shared::Exhausted) || !own {
+            assert!(
+                pool.refills_left.load(SeqCst) <= 0,
+                "failed with a refill left"
+            );
+        }
     });
 }

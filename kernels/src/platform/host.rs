@@ -33,6 +33,11 @@ std::thread_local! {
 pub fn sm_id() -> u32 {
     SM.with(|s| s.get())
 }
+/// Tests: this host thread stands for SM `id` from now on (its arena is `id % arenas`), so that
+/// one thread can play the warps of many SMs in the order a GPU would run them.
+pub fn set_sm_id(id: u32) {
+    SM.with(|s| s.set(id))
+}
 pub fn sm_count() -> u32 {
     HOST_SM_COUNT
 }

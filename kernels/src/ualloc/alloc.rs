@@ -13,6 +13,7 @@ use crate::ualloc::chunk::chunk_base;
 use crate::ualloc::layout::{
     BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
 };
+use crate::ualloc::steal::Home;
 use crate::ualloc::{CLASS_GROUP_TAG, ChunkSource, SCAN_LIMIT, UAlloc};
 
 /// The address of slot `slot` of the bin whose header is at `bin`.
@@ -29,6 +30,19 @@ pub(crate) fn slot_ptr(bin: u64, class: SizeClass, slot: u32) -> *mut u8 {
         _ => bin + BIN_HEADER_SIZE + (i << class.shift()),
     };
     addr as *mut u8
+}
+
+/// Where a group's slots are, as its leader found them: one word, broadcast to the lanes.
+/// - 0: nowhere (out of memory; each lane looks for a slot elsewhere, `steal_slot`);
+/// - odd: `2 i + 1`, arena `i` holds the group's units of the class: claim them from its list;
+/// - even: the address of a fresh bin (128-aligned) whose first slots are the group's.
+pub(crate) struct Slots;
+
+impl Slots {
+    #[inline(always)]
+    pub(crate) fn units_at(arena: usize) -> u64 {
+        (arena as u64) << 1 | 1
+    }
 }
 
 /// The `n`-th lowest set bit of `bits` (`n < popcount(bits)`): one `fns` per half on the GPU
@@ -247,50 +261,75 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             return k == 0;
         }
         let class = SizeClass::from_size(size);
-        let ai = self.arena_index();
-        let arena = &self.arenas[ai];
-        match arena.class(class).slots.0.wait(k, class.slots()) {
-            Wait::Acquired => {
-                let mut claimer = ListClaimer::new(arena, class);
-                let mut assigned = 0;
-                while assigned < k {
-                    let (bin, word, bits) = claimer.next(k - assigned);
-                    let mut rest = bits;
-                    while rest != 0 {
-                        let slot = word * WORD_BITS as u32 + rest.trailing_zeros();
-                        out[assigned as usize] = slot_ptr(bin, class, slot);
-                        assigned += 1;
-                        rest &= rest - 1;
-                    }
-                }
-                true
-            }
-            Wait::MustRefill => match self.alloc_slow(ai, class, k) {
-                Some(bin) => {
-                    for (i, p) in out.iter_mut().enumerate() {
-                        *p = slot_ptr(bin, class, i as u32);
-                    }
-                    true
-                }
-                None => false,
-            },
+        let at = self.find_slots(self.arena_index(), class, k);
+        if at == 0 {
+            return false;
         }
+        if at & 1 == 0 {
+            for (i, p) in out.iter_mut().enumerate() {
+                *p = slot_ptr(at, class, i as u32);
+            }
+            return true;
+        }
+        let mut claimer = ListClaimer::new(&self.arenas[(at >> 1) as usize], class);
+        let mut assigned = 0;
+        while assigned < k {
+            let (bin, word, bits) = claimer.next(k - assigned);
+            let mut rest = bits;
+            while rest != 0 {
+                let slot = word * WORD_BITS as u32 + rest.trailing_zeros();
+                out[assigned as usize] = slot_ptr(bin, class, slot);
+                assigned += 1;
+                rest &= rest - 1;
+            }
+        }
+        true
+    }
+
+    /// Where `k` slots of `class` are for a group of arena `ai` ([`Slots`]): its own units
+    /// with one `wait` (the fast path), or the refill's. For the group's leader (or a lone
+    /// lane).
+    #[inline(always)]
+    fn find_slots(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
+        match self.arenas[ai].class(class).slots.0.wait(k, class.slots()) {
+            Wait::Acquired => Slots::units_at(ai),
+            Wait::MustRefill => self.refill(ai, class, k),
+        }
+    }
+
+    /// After `MustRefill` on arena `ai`'s slots of `class`: while chunks are scarce, the
+    /// class's home first (INV(UA16)); then a refill of `ai`'s own ([`Slots`]).
+    #[cold]
+    #[inline(never)]
+    fn refill(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
+        if self.scarce() {
+            let slots = &self.arenas[ai].class(class).slots.0;
+            // Withdraw our promise first: the arena's other waiters then come to the home
+            // too, and join its refill instead of waiting for ours (INV(SEM4)).
+            slots.retract(class.slots() - k);
+            match self.serve_at_home(ai, class, k) {
+                Home::Found(at) => return at,
+                Home::Exhausted => return 0,
+                // INV(SEM4): a promise again, answered by `alloc_slow`.
+                Home::Elsewhere => slots.promise(class.slots() - k),
+            }
+        }
+        self.alloc_slow(ai, ai, class, k).unwrap_or(0)
     }
 
     /// A lane alone with its class: one `wait`, one claim, no collectives.
     #[inline(never)]
     fn alloc_fast_single(&self, ai: usize, class: SizeClass) -> *mut u8 {
-        let arena = &self.arenas[ai];
-        match arena.class(class).slots.0.wait(1, class.slots()) {
-            Wait::Acquired => {
-                let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
-                slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros())
-            }
-            Wait::MustRefill => match self.alloc_slow(ai, class, 1) {
-                Some(bin) => slot_ptr(bin, class, 0),
-                // Last: a free slot in another arena's bins (steal.rs).
-                None => self.steal_slot(ai, class),
-            },
+        let at = self.find_slots(ai, class, 1);
+        if at == 0 {
+            // Last: a free slot in another arena's bins (steal.rs).
+            self.steal_slot(ai, class)
+        } else if at & 1 == 0 {
+            slot_ptr(at, class, 0)
+        } else {
+            let arena = &self.arenas[(at >> 1) as usize];
+            let (bin, word, bits) = ListClaimer::new(arena, class).next(1);
+            slot_ptr(bin, class, word * WORD_BITS as u32 + bits.trailing_zeros())
         }
     }
 
@@ -301,30 +340,24 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// broadcast values.
     #[inline(never)]
     fn alloc_fast_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
-        let arena = &self.arenas[ai];
         let k = group.size();
         let rank = group.rank();
-        let acquired = if group.is_leader() {
-            (arena.class(class).slots.0.wait(k, class.slots()) == Wait::Acquired) as u32
+        let at = if group.is_leader() {
+            self.find_slots(ai, class, k)
         } else {
             0
         };
-        if group.broadcast_u32(acquired) == 0 {
-            let bin = if group.is_leader() {
-                self.alloc_slow(ai, class, k).unwrap_or(0)
-            } else {
-                0
-            };
-            let bin = group.broadcast_u64(bin);
-            return if bin == 0 {
+        let at = group.broadcast_u64(at);
+        if at & 1 == 0 {
+            return if at == 0 {
                 // Last: each lane looks for a free slot in another arena's bins (steal.rs).
                 self.steal_slot(ai, class)
             } else {
-                slot_ptr(bin, class, rank)
+                slot_ptr(at, class, rank)
             };
         }
         let mut claimer = if group.is_leader() {
-            Some(ListClaimer::new(arena, class))
+            Some(ListClaimer::new(&self.arenas[(at >> 1) as usize], class))
         } else {
             None
         };

@@ -16,7 +16,7 @@
 //! every mutex is unlocked, the SRCU domain is idle.
 
 use crate::bulk_semaphore::{BulkSemaphore, Fields, PerSm};
-use crate::collective::CollectiveMutex;
+use crate::collective::{CollectiveMutex, SingleFlight};
 use crate::platform::{Atomic32, Atomic64};
 use crate::rcu::Srcu;
 use crate::size_class::{BinKind, NUM_CLASSES, NUM_KINDS, SizeClass};
@@ -40,6 +40,9 @@ pub(crate) struct BinList {
     /// Bins of this class and arena that got a free slot and may be unlisted (INV(UA7),
     /// INV(UA13)).
     pub(crate) pending: PendingStack,
+    /// While chunks are scarce and this arena is the class's home, the one refill at a time
+    /// that carves a bin for it on behalf of another SM (INV(UA16), steal.rs).
+    pub(crate) home_refill: SingleFlight,
 }
 
 /// Per size class.
@@ -133,6 +136,7 @@ impl Arena {
                     head: Atomic64::new(0),
                     lock: CollectiveMutex::new(),
                     pending: PendingStack::new(),
+                    home_refill: SingleFlight::new(),
                 }),
             }),
             kinds: core::array::from_fn(|_| KindState {

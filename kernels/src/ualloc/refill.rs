@@ -94,11 +94,21 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// bin its `wait` promised (INV(SEM4): a refill may make more units than it promised). A
     /// fresh heap then pays the two list mutexes once per several bins. Otherwise it carves
     /// one, so that no arena holds bins it does not need when memory is short.
+    ///
+    /// The bins are carved for arena `owner` (its list, its slots semaphore, which holds the
+    /// promise); they come from the chunks of arena `ai`, the caller's, or elsewhere. `owner`
+    /// is `ai` except for a refill on behalf of a class's home (INV(UA16)).
     #[cold]
     #[inline(never)]
-    pub(crate) fn alloc_slow(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
+    pub(crate) fn alloc_slow(
+        &self,
+        ai: usize,
+        owner: usize,
+        class: SizeClass,
+        k: u32,
+    ) -> Option<u64> {
         let arena = &self.arenas[ai];
-        let slots = &arena.class(class).slots.0;
+        let slots = &self.arenas[owner].class(class).slots.0;
         let promised = class.slots() - k;
         let mut retries = 0;
         let kind = class.kind();
@@ -140,7 +150,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             retries += 1;
         }
         let (first, count) = taken;
-        // Carve them (INV(UA12): ours, wherever their chunks are; the first keeps the group's
+        // Carve them (INV(UA12): the owner's, wherever their chunks are; the first keeps the group's
         // `k` slots), and chain those to list, all but a full first one, through their links
         // (INV(UA7)): stores only, so the list's mutex is held for one splice. The bins are
         // ours alone until the splice publishes them; only a chain of several costs loads.
@@ -156,7 +166,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 0
             };
             let claimed = if i == 0 { k } else { 0 };
-            bin.init_for(ai as u32, class, claimed);
+            bin.init_for(owner as u32, class, claimed);
             if claimed < class.slots() {
                 // Appended, so that the first bin, which has the fewest free slots, is the
                 // head and fills first.
@@ -173,7 +183,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             at = next;
         }
         if head != 0 {
-            let list = &arena.class(class).list.0;
+            let list = &self.arenas[owner].class(class).list.0;
             list.lock.lock_single();
             list.splice_locked(head, tail);
             list.lock.unlock();

@@ -15,6 +15,27 @@
 //! The arenas are tried in order from the thread's own, so threads of different SMs start at
 //! different arenas.
 //!
+//! # A class's home while chunks are scarce (INV(UA16))
+//! With plenty of chunks each SM carves bins of its own. When the source holds fewer chunks
+//! than [`HOME_CHUNKS_PER_ARENA`] per arena (a small heap, or one nearly full), that would
+//! leave a partly used bin of every class in every arena: 132 bins of 104 KB for a class that
+//! few requests ask for, more than a 8 MiB heap holds. So then a refill goes to the class's
+//! **home**, one arena per class ([`UAlloc::home`]), before it carves anything for its own:
+//! 1. it takes the group's slots from the home's bins (`try_wait` on the home's slots, then
+//!    the home's list, as [`steal_slot`](UAlloc::steal_slot) does);
+//! 2. otherwise, through the home's [`SingleFlight`](crate::collective::SingleFlight), ONE
+//!    refill at a time carves a bin for the home (from the refiller's own chunks, or any
+//!    arena's free bins, or the source) and keeps the first slots; SMs that come meanwhile
+//!    wait for it and take the bin's other slots;
+//! 3. when that refill finds no memory, so does the caller: it fails without walking again.
+//!
+//! So while memory is short each class holds about one partly used bin in all, and bins go
+//! to the classes that ask. The home's own threads keep the usual path.
+//!
+//! Other SMs only `try_wait` on the home's slots semaphore; the one refill in flight per class
+//! and home adds its promise (`promise`, then `signal` or `retract`, INV(SEM4)), and takes its
+//! bins from its own arena's chunks, whose semaphores are its SM's: INV(SEM2) holds.
+//!
 //! # Never wait on another arena's semaphore
 //! An arena's semaphores have the `PerSm` layout: R and E are sized for the threads of one SM
 //! (INV(SEM2)). A thief therefore takes units only with `try_wait`, which never reserves nor
@@ -24,15 +45,75 @@
 
 use core::ptr;
 
+use crate::bulk_semaphore::Shared;
 use crate::size_class::{BinKind, SizeClass};
-use crate::ualloc::alloc::{ListClaimer, slot_ptr};
+use crate::ualloc::alloc::{ListClaimer, Slots, slot_ptr};
 use crate::ualloc::arena::Arena;
 use crate::ualloc::chunk::bin_offset;
 use crate::ualloc::layout::WORD_BITS;
 use crate::ualloc::refill::nth_free_bin;
 use crate::ualloc::{ChunkSource, UAlloc};
 
+/// Below this many chunks per arena left in the source, refills go to a class's home first
+/// (INV(UA16)).
+pub(crate) const HOME_CHUNKS_PER_ARENA: usize = 4;
+
+/// How often a refill looks for slots at the home before it carves a bin of its own: each look
+/// after the first follows a home refill that succeeded but whose slots others took first
+/// ([`Shared::Busy`]).
+const HOME_TRIES: u32 = 4;
+
+/// What [`UAlloc::serve_at_home`] found.
+pub(crate) enum Home {
+    /// Where the group's slots are, as [`Slots`](crate::ualloc::alloc::Slots) encodes it.
+    Found(u64),
+    /// A home refill found no memory: neither will the caller's.
+    Exhausted,
+    /// Not served at the home (the caller's arena is the home, or others kept taking its
+    /// slots): refill as usual.
+    Elsewhere,
+}
+
 impl<S: ChunkSource> UAlloc<'_, S> {
+    /// Whether chunks are scarce: refills then go to a class's home first (INV(UA16)).
+    #[inline(always)]
+    pub(crate) fn scarce(&self) -> bool {
+        self.source.chunks_left() < self.arenas.len() * HOME_CHUNKS_PER_ARENA
+    }
+
+    /// The arena whose bins serve `class` for every SM while chunks are scarce: the classes'
+    /// homes are spread over the arenas.
+    #[inline(always)]
+    pub(crate) fn home(&self, class: SizeClass) -> usize {
+        class.index() * 7 % self.arenas.len()
+    }
+
+    /// `k` slots of `class` for a group of arena `ai` from the class's home (INV(UA16)): units
+    /// there, or a fresh bin that a home refill carved from our chunks. The caller holds no
+    /// promise.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn serve_at_home(&self, ai: usize, class: SizeClass, k: u32) -> Home {
+        let h = self.home(class);
+        if h == ai {
+            return Home::Elsewhere;
+        }
+        let state = self.arenas[h].class(class);
+        let refill = || self.alloc_slow(ai, h, class, k);
+        match state.slots.0.take_shared(
+            &state.list.0.home_refill,
+            k,
+            class.slots(),
+            HOME_TRIES,
+            refill,
+        ) {
+            Shared::Taken => Home::Found(Slots::units_at(h)),
+            Shared::Refilled(bin) => Home::Found(bin),
+            Shared::Exhausted => Home::Exhausted,
+            Shared::Busy => Home::Elsewhere,
+        }
+    }
+
     /// The arenas other than `ai`, in order from the one after it.
     fn others(&self, ai: usize) -> impl Iterator<Item = &Arena> {
         let n = self.arenas.len();
