@@ -4,7 +4,8 @@
 # host binary through TOGA_PTX_FILE), then the GPU tests, the example and `host` stress on the
 # bundle's own PTX, then compute-sanitizer memcheck and racecheck on the allocator's busiest
 # heap_gpu tests and on a small `host` run. Logs to $OUT/v/, a summary on stdout.
-# PLATFORM=1 adds platform_gpu (litmus tests of the atomics, about 100 s).
+# PLATFORM=1 adds platform_gpu (litmus tests of the atomics, about 100 s). AB=0, TESTS=0 and
+# SANITIZE=0 skip a part (to split the work over two calls of at most 10 minutes).
 b=${BUNDLE:-bundle}; L=${OUT:-$b/logs}/v; mkdir -p "$L"
 san=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 export TOGA_HOST_BIN=$PWD/$b/host
@@ -15,17 +16,18 @@ t() { # name limit command...: run, then print rc, seconds and the test summarie
   grep -hE "^test .*(FAIL|panicked)|test result|ERROR SUMMARY|RACECHECK SUMMARY|wrong sums" "$L/$n.log"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$L/gpu.txt"
-for r in $(seq 1 "${ROUNDS:-2}"); do
+[ "${AB:-1}" = 1 ] && for r in $(seq 1 "${ROUNDS:-2}"); do
   for p in "$b"/ptx/*.ptx; do
     v=$(basename "$p" .ptx)
     t "ab-$v-$r" 90 env TOGA_PTX_FILE="$p" "$b/host" bench --timeout 85
   done
 done
-for p in "$b"/ptx/*.ptx; do
+[ "${AB:-1}" = 1 ] && for p in "$b"/ptx/*.ptx; do
   v=$(basename "$p" .ptx); echo "##### $v (size, fresh, warm, free, ... per round)"
   grep -hE "^ +[0-9]+ " "$L"/ab-"$v"-*.log
 done
 tests=$b/tests
+if [ "${TESTS:-1}" = 1 ]; then
 [ "${PLATFORM:-0}" = 1 ] && t platform 150 "$tests/platform_gpu" --test-threads=1 --include-ignored
 t heap 200 "$tests/heap_gpu" --test-threads=1 --include-ignored
 t fit 150 "$tests/fit_gpu" --test-threads=1 --include-ignored
@@ -37,6 +39,8 @@ t user-ptx 60 "$tests/user_ptx_gpu" --include-ignored
 t example 30 "$b/vec-kernel-example"
 t stress 90 "$b/host" --timeout 85
 grep -E "✓|✗|rows|exit" "$L/stress.log" | tail -4
+fi
+if [ "${SANITIZE:-1}" = 1 ]; then
 heap_tests="double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty one_sm_frees_more_slots_than_a_24_bit_count_holds vec_grows_in_every_thread"
 for k in $heap_tests; do
   t "memcheck-$k" "${SANITIZE_LIMIT:-120}" "$san" --tool memcheck --error-exitcode 9 "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
@@ -44,5 +48,9 @@ done
 for k in double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty; do
   t "racecheck-$k" "${SANITIZE_LIMIT:-120}" "$san" --tool racecheck --error-exitcode 9 "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
 done
+# The home refills (INV(UA16)): a mixed fill of an 8 MiB heap goes through them.
+t memcheck-home "${SANITIZE_LIMIT:-120}" "$san" --tool memcheck --error-exitcode 9 "$tests/utilization_gpu" --include-ignored --exact mixed_16b_to_4k_in_8mib
+t racecheck-home "${SANITIZE_LIMIT:-120}" "$san" --tool racecheck --error-exitcode 9 "$tests/utilization_gpu" --include-ignored --exact mixed_16b_to_4k_in_8mib
 t memcheck-host 120 "$san" --tool memcheck --error-exitcode 9 "$b/host" --threads 4096 --heap-size 64MiB --host-growth --timeout 110
+fi
 tar -czf "${OUT:-$b/logs}/verify-logs.tar.gz" -C "$L" .
