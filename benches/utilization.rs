@@ -163,6 +163,13 @@ fn cell(
             failed,
         );
         percent.push(format!("{:.1}", utilization * 100.0));
+        if round == 0 || round + 1 == ROUNDS {
+            let c = toga_harness::census(stream, &heap).expect("census");
+            eprintln!(
+                "{SCENARIO} {heap_label}, {label}, round {round}: after the fill, {}",
+                c.line()
+            );
+        }
         requested.push(format!("{:.1}", asked as f64 / capacity as f64 * 100.0));
         let mut errors = stream.alloc_zeros::<u64>(2).expect("error words");
         w.check_free(stream, &heap, &ptrs, &d_sizes, tag, true, &mut errors)

@@ -17,6 +17,10 @@ const THREADS: u64 = 1 << 10;
 const SIZE: u32 = 16;
 /// toga's heap: as in the scaling scenario at this thread count.
 const HEAP_BYTES: u64 = 64 << 20;
+/// The same launches on a heap with chunks to spare for every SM (a 64 MiB heap has fewer
+/// chunks than SMs × 4, so its refills share bins between SMs, INV(UA16), `docs/ualloc.md`).
+const SCENARIO_LARGE_HEAP: &str = "g_warm_launch_1gib";
+const LARGE_HEAP_BYTES: u64 = 1 << 30;
 
 fn warm_launch(c: &mut Criterion) {
     let Some(gpu) = common::gpu(THREADS, SIZE) else {
@@ -44,6 +48,34 @@ fn warm_launch(c: &mut Criterion) {
         for metric in ["malloc", "free"] {
             common::bench_steady(&mut g, &mut b, &mut csv, SCENARIO, alloc, SIZE, metric);
         }
+    }
+    g.finish();
+    drop(b);
+    let mut big = MallocBench::new(&gpu, THREADS, LARGE_HEAP_BYTES).expect("bench setup");
+    let mut csv_big = common::Csv::new(SCENARIO_LARGE_HEAP, &gpu);
+    let mut g = common::group(c, SCENARIO_LARGE_HEAP);
+    common::bench_malloc(
+        &mut g,
+        &mut big,
+        &mut csv_big,
+        SCENARIO_LARGE_HEAP,
+        Allocator::Toga,
+        SIZE,
+        HeapState::Fresh,
+        "malloc",
+    );
+    big.run(Allocator::Toga, SIZE, HeapState::Warm)
+        .expect("warm-up");
+    for metric in ["malloc", "free"] {
+        common::bench_steady(
+            &mut g,
+            &mut big,
+            &mut csv_big,
+            SCENARIO_LARGE_HEAP,
+            Allocator::Toga,
+            SIZE,
+            metric,
+        );
     }
     g.finish();
 }

@@ -14,8 +14,10 @@
 use cudarc::driver::sys;
 use toga::{Error, Gpu, Result};
 
+mod census;
 mod workload;
 
+pub use census::*;
 pub use workload::*;
 
 /// The PTX of `kernels/` with the `harness` feature, for `sm_70` unless `TOGA_PTX_ARCH` said

@@ -1784,3 +1784,68 @@ fn arenas_without_chunks_fill_the_heap_from_the_others() {
         assert_all_returned(&ua, &chunks);
     });
 }
+
+/// INV(UA16) on the group path: a fill of requests uniform over 16 – 4096 B totalling twice
+/// the memory, played as 132 SMs would run it, each warp's 32 requests grouped by class and
+/// served with `malloc_bulk` (one semaphore operation per group, as a warp's leader does),
+/// fills at least 88% of 16 chunks and 95% of 128.
+#[test]
+fn group_fills_of_few_chunks_share_bins_between_arenas() {
+    use toga_kernels::size_class::SizeClass;
+    const SMS: usize = 132;
+    for (chunks, floor) in [(16usize, 88.0), (128, 95.0)] {
+        let (arenas, source) = heap(SMS, chunks);
+        let ua = ualloc(arenas, &source);
+        let n = chunks * CHUNK_SIZE * 2 / 2730;
+        let mut rng = Rng(0x5EED);
+        let sizes: Vec<usize> = (0..n).map(|_| 16 + rng.below(4081) as usize).collect();
+        // Warp `w` belongs to block `w / 8` (256 threads), which runs on SM `block % SMS`.
+        let mut queues: Vec<Vec<usize>> = vec![Vec::new(); SMS];
+        for w in 0..n.div_ceil(32) {
+            queues[(w / 8) % SMS].push(w);
+        }
+        let longest = queues.iter().map(Vec::len).max().unwrap();
+        let mut live = Vec::new();
+        let mut served = 0;
+        for t in 0..longest {
+            for (sm, q) in queues.iter().enumerate() {
+                let Some(&w) = q.get(t) else { continue };
+                toga_kernels::platform::set_sm_id(sm as u32);
+                let warp = &sizes[w * 32..((w + 1) * 32).min(n)];
+                for class in SizeClass::ALL {
+                    let mut left = warp
+                        .iter()
+                        .filter(|&&s| SizeClass::from_size(s) == class)
+                        .count();
+                    while left > 0 {
+                        let k = left.min(class.max_group() as usize);
+                        let mut out = vec![std::ptr::null_mut(); k];
+                        if ua.malloc_bulk(class.size(), &mut out) {
+                            live.extend(out);
+                        } else {
+                            // A group whose refill failed: each lane alone, as on the GPU.
+                            live.extend((0..k).map(|_| ua.malloc(class.size())));
+                        }
+                        left -= k;
+                    }
+                }
+            }
+        }
+        live.retain(|p| !p.is_null());
+        for &p in &live {
+            // SAFETY: a live block of this UAlloc, freed once.
+            served += match unsafe { ua.free(p) } {
+                FreeOutcome::Freed(c) => c.size(),
+                other => panic!("free of a live block: {other:?}"),
+            };
+        }
+        let percent = served as f64 / (chunks * CHUNK_SIZE) as f64 * 100.0;
+        assert!(
+            percent >= floor,
+            "{chunks} chunks: {percent:.1}% served, below {floor}%"
+        );
+        ua.trim();
+        ua.flush();
+        assert_eq!(source.outstanding(), 0, "every chunk back in the source");
+    }
+}

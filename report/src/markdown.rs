@@ -83,6 +83,11 @@ fn describe(scenario: &str) -> Option<&'static str> {
              one `malloc` launch, then one `free` launch, each a row; `fresh` is the first launch on \
              a just-initialized heap."
         }
+        "g_warm_launch_1gib" => {
+            "warm launch as above, toga alone, on a 1 GiB heap instead of 64 MiB: there each SM \
+             refills from its own arena; a 64 MiB heap has fewer chunks than four per SM, so its \
+             refills go to a class's home arena, shared by every SM (`docs/ualloc.md`)."
+        }
         _ => return None,
     })
 }

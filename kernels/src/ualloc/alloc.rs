@@ -303,16 +303,20 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[inline(never)]
     fn refill(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
         if self.scarce() {
-            let slots = &self.arenas[ai].class(class).slots.0;
-            // Withdraw our promise first: the arena's other waiters then come to the home
-            // too, and join its refill instead of waiting for ours (INV(SEM4)).
-            slots.retract(class.slots() - k);
-            match self.serve_at_home(ai, class, k) {
-                Home::Found(at) => return at,
-                Home::Exhausted => return 0,
-                // INV(SEM4): a promise again, answered by `alloc_slow`.
-                Home::Elsewhere => slots.promise(class.slots() - k),
-            }
+            // Our promise stands while we are away: the arena's other waiters wait for us
+            // instead of refilling too (one refill per arena at a time, as always).
+            let found = match self.serve_at_home(ai, class, k) {
+                Home::Found(at) => at,
+                Home::Exhausted => 0,
+                Home::Elsewhere => return self.alloc_slow(ai, ai, class, k).unwrap_or(0),
+            };
+            // INV(SEM4): the promise is answered; its waiters look again.
+            self.arenas[ai]
+                .class(class)
+                .slots
+                .0
+                .retract(class.slots() - k);
+            return found;
         }
         self.alloc_slow(ai, ai, class, k).unwrap_or(0)
     }

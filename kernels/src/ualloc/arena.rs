@@ -67,6 +67,9 @@ pub(crate) struct ChunkList {
     /// (address, 0 = none): the arena's first adoption takes it with one `swap` instead of a
     /// climb of the buddy tree, and `trim` gives it back unused (INV(UA14)).
     pub(crate) spare: Atomic64,
+    /// While chunks are scarce and this arena is the kind's home, the one adoption of a chunk
+    /// of this kind at a time in the heap (INV(UA16), `UAlloc::adopt_chunk`).
+    pub(crate) adoption: SingleFlight,
 }
 
 /// Per bin kind.
@@ -147,6 +150,7 @@ impl Arena {
                     count: Atomic32::new(0),
                     lock: CollectiveMutex::new(),
                     spare: Atomic64::new(0),
+                    adoption: SingleFlight::new(),
                 }),
             }),
             trimming: Line(CollectiveMutex::new()),
@@ -169,6 +173,11 @@ impl Arena {
             .iter()
             .map(|k| k.chunks.0.count.load_relaxed())
             .sum()
+    }
+
+    /// Chunks of `kind` this arena owns (a snapshot).
+    pub fn kind_chunk_count(&self, kind: BinKind) -> u32 {
+        self.kind(kind).chunks.0.count.load_relaxed()
     }
 
     /// The arena's SRCU domain (statistics and tests).

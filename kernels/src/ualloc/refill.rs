@@ -38,6 +38,14 @@ pub(crate) fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, us
     }
 }
 
+/// What [`UAlloc::adopt_chunk`] returns to a caller that waited for another thread's adoption
+/// of the same kind (never a chunk address: those are `CHUNK_SIZE`-aligned).
+const JOINED: u64 = 1;
+
+/// How many adoptions of others a refill waits for, each followed by a look at every arena's
+/// free bins, before it counts a miss as running out (a bound against starving forever).
+const MAX_JOINS: u32 = 64;
+
 /// Chunks per arena the source must still hold for a refill to carve several bins at once
 /// ([`SizeClass::refill_bins`]); below it a refill carves one (a small or nearly full heap).
 pub(crate) const PLENTY_CHUNKS_PER_ARENA: usize = 4;
@@ -107,7 +115,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         class: SizeClass,
         k: u32,
     ) -> Option<u64> {
-        let arena = &self.arenas[ai];
         let slots = &self.arenas[owner].class(class).slots.0;
         let promised = class.slots() - k;
         let mut retries = 0;
@@ -118,27 +125,37 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         } else {
             1
         };
-        // Where fresh bins come from, in order: this arena's chunks; when the source holds
-        // fewer chunks than there are arenas (a small heap, or one nearly full), another
-        // arena's chunks before a new chunk, so that a few SMs do not hold every chunk while
-        // the others have none; the source; other arenas' chunks; and after a trim, all again.
+        // Where fresh bins come from, in order: this arena's chunks; while chunks are scarce
+        // (a small heap, or one nearly full), any arena's free bins before a new chunk, so
+        // that a few SMs do not hold every chunk while the others have none, and one new chunk
+        // of a kind at a time (INV(UA16)); the source; other arenas' chunks; and after a trim,
+        // all again.
         let lone = |addr: Option<u64>| addr.map_or((0, 0), |a| (a, 1));
-        let mut taken =
-            if chunks_left < self.arenas.len() && arena.kind(kind).bins.0.available() == 0 {
-                lone(self.take_bin_elsewhere(ai, kind))
-            } else {
-                (0, 0)
-            };
+        let scarce = self.scarce();
+        let mut taken = if scarce {
+            lone(self.take_free_bin(ai, kind, 0))
+        } else {
+            (0, 0)
+        };
+        let mut joined = 0;
         while taken.1 == 0 {
             taken = self.take_bins(ai, kind, want);
             if taken.1 > 0 {
                 break;
             }
             // No chunk of our own: a free bin in another arena's chunks (steal.rs) comes
-            // before a trim, which walks every arena and waits for grace periods.
-            taken = lone(self.take_bin_elsewhere(ai, kind));
+            // before a trim, which walks every arena and waits for grace periods. After an
+            // adoption we joined (`JOINED`), our own arena's too: it may have been ours.
+            let joined_now = taken.0 == JOINED;
+            taken = lone(self.take_free_bin(ai, kind, (!joined_now) as usize));
             if taken.1 > 0 {
                 break;
+            }
+            if joined_now && joined < MAX_JOINS {
+                // Another thread adopted a chunk of this kind just now, and others took its
+                // bins first: that is no sign of running out.
+                joined += 1;
+                continue;
             }
             // Out of chunks. Empty bins of other classes, and bins and chunks on their way
             // back, may be what is missing: give them back and try again before failing.
@@ -157,7 +174,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let (mut head, mut tail) = (0, 0);
         let mut at = first;
         for i in 0..count {
-            // SAFETY: `take_bins`/`take_bin_elsewhere` handed us these bins of live chunks,
+            // SAFETY: `take_bins`/`take_free_bin` handed us these bins of live chunks,
             // exclusively.
             let bin = unsafe { bin_at(at) };
             let next = if i + 1 < count {
@@ -285,8 +302,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 0
             };
             let chunk = group.broadcast_u64(chunk);
-            if chunk == 0 {
-                return (0, 0);
+            if chunk == 0 || chunk == JOINED {
+                return (chunk, 0);
             }
             let bin = |index: u32| chunk + bin_offset(kind, index as usize) as u64;
             for index in first + 1..first + want {
@@ -357,15 +374,64 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// After `MustRefill` on the bins semaphore: adopt a chunk from the source with its first
     /// `k` bins taken, list it and signal the other bins; 0 (and the promise retracted) when
     /// the source is out of memory.
+    ///
+    /// While chunks are scarce, one adoption of a kind at a time in the whole heap (INV(UA16)):
+    /// SMs that run out together would otherwise each adopt a chunk for a few blocks (on the
+    /// H100, a mixed fill of 64 MiB left 120 of its 128 chunks small ones with 14,520 free
+    /// bins). A caller that comes while another adopts waits for it and returns [`JOINED`]
+    /// (its promise retracted): the new chunk's free bins are for it to take.
     #[cold]
     #[inline(never)]
     fn adopt_chunk(&self, ai: usize, kind: BinKind, k: u32) -> u64 {
         let ks = self.arenas[ai].kind(kind);
+        if let Some(base) = self.take_spare(ks) {
+            return self.adopt(ai, kind, k, base);
+        }
+        if !self.scarce() {
+            return match self.source.alloc_chunk() {
+                Some(base) => self.adopt(ai, kind, k, base),
+                None => self.no_chunk(ai, kind, k, 0),
+            };
+        }
+        let gate = &self.arenas[self.home(kind.index())]
+            .kind(kind)
+            .chunks
+            .0
+            .adoption;
+        let mut got = 0;
+        let run = gate.try_run(|| match self.source.alloc_chunk() {
+            Some(base) => {
+                got = self.adopt(ai, kind, k, base);
+                1
+            }
+            None => 0,
+        });
+        match run {
+            Ok(_) if got != 0 => got,
+            Ok(_) => self.no_chunk(ai, kind, k, 0),
+            Err(running) => {
+                let adopted = gate.join(running) != 0;
+                self.no_chunk(ai, kind, k, if adopted { JOINED } else { 0 })
+            }
+        }
+    }
+
+    /// An adoption that found no chunk: the promise of `k` bins' refill is retracted
+    /// (INV(SEM4)); returns `result`.
+    fn no_chunk(&self, ai: usize, kind: BinKind, k: u32, result: u64) -> u64 {
+        self.arenas[ai]
+            .kind(kind)
+            .bins
+            .0
+            .retract(bins_per_chunk(kind) - k);
+        result
+    }
+
+    /// Adopt the chunk at `base` for arena `ai` with its first `k` bins taken; list it and
+    /// signal the other bins. Returns `base`.
+    fn adopt(&self, ai: usize, kind: BinKind, k: u32, base: *mut u8) -> u64 {
+        let ks = self.arenas[ai].kind(kind);
         let per = bins_per_chunk(kind);
-        let Some(base) = self.take_spare(ks).or_else(|| self.source.alloc_chunk()) else {
-            ks.bins.0.retract(per - k);
-            return 0;
-        };
         debug_assert!(
             (base as usize).is_multiple_of(CHUNK_SIZE),
             "ChunkSource returned a misaligned chunk"

@@ -2,7 +2,7 @@
 //!
 //! An arena holds the chunks its SM adopted, and bins of each class with free slots. Two ways
 //! let other SMs use them:
-//! 1. **Free bins** ([`UAlloc::take_bin_elsewhere`]): a refill takes a free bin from another
+//! 1. **Free bins** ([`UAlloc::take_free_bin`]): a refill takes a free bin from another
 //!    arena's chunk and carves it for its own arena. The bin's `owner` says whose class list,
 //!    slot semaphore and SRCU domain hold it (INV(UA12)); the chunk stays with the arena that
 //!    adopted it (its chunk lists, its bins semaphore, its return to the source). A refill does
@@ -63,6 +63,9 @@ pub(crate) const HOME_CHUNKS_PER_ARENA: usize = 4;
 /// ([`Shared::Busy`]).
 const HOME_TRIES: u32 = 4;
 
+/// How often [`UAlloc::take_free_bin`] tries an arena whose semaphore shows free bins.
+const TRANSIENT_LOOKS: u32 = 4;
+
 /// What [`UAlloc::serve_at_home`] found.
 pub(crate) enum Home {
     /// Where the group's slots are, as [`Slots`](crate::ualloc::alloc::Slots) encodes it.
@@ -81,11 +84,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         self.source.chunks_left() < self.arenas.len() * HOME_CHUNKS_PER_ARENA
     }
 
-    /// The arena whose bins serve `class` for every SM while chunks are scarce: the classes'
-    /// homes are spread over the arenas.
+    /// The arena that holds what SMs share while chunks are scarce: for `key` a class's index,
+    /// the class's bins and its refill gate; for a kind's index, the kind's adoption gate.
+    /// Spread over the arenas.
     #[inline(always)]
-    pub(crate) fn home(&self, class: SizeClass) -> usize {
-        class.index() * 7 % self.arenas.len()
+    pub(crate) fn home(&self, key: usize) -> usize {
+        (key * 7 + 3) % self.arenas.len()
     }
 
     /// `k` slots of `class` for a group of arena `ai` from the class's home (INV(UA16)): units
@@ -94,7 +98,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[cold]
     #[inline(never)]
     pub(crate) fn serve_at_home(&self, ai: usize, class: SizeClass, k: u32) -> Home {
-        let h = self.home(class);
+        let h = self.home(class.index());
         if h == ai {
             return Home::Elsewhere;
         }
@@ -120,17 +124,34 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         (1..n).map(move |step| &self.arenas[(ai + step) % n])
     }
 
-    /// A free bin of `kind` from another arena's chunks than `ai`, taken off its chunk for the
-    /// caller to carve for arena `ai` (INV(UA12)); `None` when no other arena has one.
+    /// A free bin of `kind` from an arena's chunks, taken off its chunk for the caller to carve
+    /// for arena `ai` (INV(UA12)); `None` when none has one. The arenas are tried in order from
+    /// `ai + skip`: `skip` 1 looks at the other arenas only (the caller's own bins are taken
+    /// with its semaphore's `wait`, `take_bins`).
     #[cold]
     #[inline(never)]
-    pub(crate) fn take_bin_elsewhere(&self, ai: usize, kind: BinKind) -> Option<u64> {
-        for arena in self.others(ai) {
+    pub(crate) fn take_free_bin(&self, ai: usize, kind: BinKind, skip: usize) -> Option<u64> {
+        let n = self.arenas.len();
+        for step in skip..n {
+            let arena = &self.arenas[(ai + step) % n];
             let ks = arena.kind(kind);
             // A plain load first: threads that run out together look at every arena, and a
-            // failed `try_wait` costs two atomics on another SM's line.
+            // failed `try_wait` costs two atomics on another SM's line. A `try_wait` fails
+            // while others' deductions are in flight (INV(SEM3)): look again a few times
+            // while the load shows units, or SMs that look together miss the free bins and
+            // adopt chunks they do not need.
             // INV(UA9): a unit is a free bin on the partial list, ours to take.
-            if ks.bins.0.available() == 0 || !ks.bins.0.try_wait(1) {
+            let mut got = false;
+            for _ in 0..TRANSIENT_LOOKS {
+                if ks.bins.0.available() == 0 {
+                    break;
+                }
+                if ks.bins.0.try_wait(1) {
+                    got = true;
+                    break;
+                }
+            }
+            if !got {
                 continue;
             }
             let list = &ks.chunks.0;
@@ -148,9 +169,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// One free slot of `class` from another arena's listed bins than `ai`; null when none
-    /// has one. For a lane whose own arena, the source and [`take_bin_elsewhere`] have failed.
+    /// has one. For a lane whose own arena, the source and [`take_free_bin`] have failed.
     ///
-    /// [`take_bin_elsewhere`]: Self::take_bin_elsewhere
+    /// [`take_free_bin`]: Self::take_free_bin
     #[cold]
     #[inline(never)]
     pub(crate) fn steal_slot(&self, ai: usize, class: SizeClass) -> *mut u8 {
