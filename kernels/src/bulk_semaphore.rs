@@ -221,9 +221,10 @@ pub enum Shared {
     Taken,
     /// This thread refilled: `refill`'s token; it kept `n` of the units it made.
     Refilled(u64),
-    /// A refill (this thread's or the one it joined) made nothing.
+    /// This thread's refill made nothing.
     Exhausted,
-    /// Refills succeeded, but others took their units first, `tries` times.
+    /// Not served: refills succeeded but others took their units first, `tries` times, or
+    /// the refill this thread waited for made nothing.
     Busy,
 }
 
@@ -444,9 +445,11 @@ impl<L: Layout> BulkSemaphore<L> {
                 Ok(1) => return Shared::Taken,
                 Ok(_) => return Shared::Refilled(token),
                 Err(running) => {
-                    // The refill in flight found nothing: neither would ours.
+                    // The refill in flight found nothing: the caller refills on its own
+                    // (`Busy`), since a refill can fail where the caller's would not (its
+                    // arena's own bins, a trim that lands between them).
                     if gate.join(running) == 0 {
-                        return Shared::Exhausted;
+                        return Shared::Busy;
                     }
                 }
             }

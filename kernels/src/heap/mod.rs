@@ -341,7 +341,13 @@ impl ChunkSource for HeapChunks<'_> {
     }
 
     /// Free pages in chunks (one load; fragmentation may make fewer whole chunks available).
+    /// A growable heap that may still grow has plenty: `alloc_chunk` maps more memory rather
+    /// than answer null, so its arenas need not share bins (INV(UA16)).
     fn chunks_left(&self) -> usize {
+        let h = self.heap.header;
+        if h.geometry.mailbox != 0 && h.grow_denied.0.load_relaxed() == 0 {
+            return usize::MAX;
+        }
         (self.heap.buddy.free_pages() >> CHUNK_ORDER) as usize
     }
 }

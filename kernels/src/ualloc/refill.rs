@@ -43,8 +43,10 @@ pub(crate) fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, us
 const JOINED: u64 = 1;
 
 /// How many adoptions of others a refill waits for, each followed by a look at every arena's
-/// free bins, before it counts a miss as running out (a bound against starving forever).
-const MAX_JOINS: u32 = 64;
+/// free bins, before it counts a miss as running out. Each one that succeeded took a chunk from
+/// the source, so the bound only stops a refill that others outrun thousands of times; a
+/// small one made refills of many SMs that lost the race answer null with memory left.
+const MAX_JOINS: u32 = 4096;
 
 /// Chunks per arena the source must still hold for a refill to carve several bins at once
 /// ([`SizeClass::refill_bins`]); below it a refill carves one (a small or nearly full heap).
