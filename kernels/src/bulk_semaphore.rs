@@ -221,10 +221,9 @@ pub enum Shared {
     Taken,
     /// This thread refilled: `refill`'s token; it kept `n` of the units it made.
     Refilled(u64),
-    /// This thread's refill made nothing.
+    /// A refill (this thread's or the one it waited for) made nothing.
     Exhausted,
-    /// Not served: refills succeeded but others took their units first, `tries` times, or
-    /// the refill this thread waited for made nothing.
+    /// Refills succeeded, but others took their units first, `tries` times.
     Busy,
 }
 
@@ -445,11 +444,12 @@ impl<L: Layout> BulkSemaphore<L> {
                 Ok(1) => return Shared::Taken,
                 Ok(_) => return Shared::Refilled(token),
                 Err(running) => {
-                    // The refill in flight found nothing: the caller refills on its own
-                    // (`Busy`), since a refill can fail where the caller's would not (its
-                    // arena's own bins, a trim that lands between them).
+                    // The refill in flight found nothing, after its trims: neither would ours.
+                    // (Refilling alone instead let every waiter of a failed refill carve a bin
+                    // of its own from the last free bins: on the H100 a mixed fill of 64 MiB
+                    // then served 84.6% instead of 96.6%.)
                     if gate.join(running) == 0 {
-                        return Shared::Busy;
+                        return Shared::Exhausted;
                     }
                 }
             }

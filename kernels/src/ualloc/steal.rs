@@ -27,9 +27,8 @@
 //!    refill at a time carves a bin for the home (from the refiller's own chunks, or any
 //!    arena's free bins, or the source) and keeps the first slots; SMs that come meanwhile
 //!    wait for it and take the bin's other slots;
-//! 3. a caller whose own home refill found no memory fails; one that waited for another's
-//!    failed refill, or lost the home's slots to others [`HOME_TRIES`] times, refills its own
-//!    arena as usual.
+//! 3. when that refill finds no memory (after its trims), its waiters fail with it; a caller
+//!    that lost the home's slots to others [`HOME_TRIES`] times refills its own arena.
 //!
 //! So while memory is short each class holds about one partly used bin in all, and bins go
 //! to the classes that ask. The home's own threads keep the usual path.
@@ -72,11 +71,11 @@ const TRANSIENT_LOOKS: u32 = 4;
 pub(crate) enum Home {
     /// Where the group's slots are, as [`Slots`](crate::ualloc::alloc::Slots) encodes it.
     Found(u64),
-    /// The caller's own home refill found no memory, after its trims: the same attempt as a
-    /// refill of its own arena, which it need not repeat.
+    /// A home refill (the caller's, or the one it waited for) found no memory after its trims:
+    /// the same attempt as a refill of the caller's own arena, which it need not repeat.
     Exhausted,
-    /// Not served at the home (the caller's arena is the home, others kept taking its slots,
-    /// or the home refill it waited for found nothing): refill as usual.
+    /// Not served at the home (the caller's arena is the home, or others kept taking its
+    /// slots): refill as usual.
     Elsewhere,
 }
 
