@@ -76,8 +76,8 @@ pub trait ChunkSource {
     unsafe fn free_chunk(&self, chunk: *mut u8);
 
     /// About how many chunks `alloc_chunk` could still hand out (a hint; default: plenty).
-    /// Fewer than there are arenas makes UAlloc carve bins from chunks other arenas already
-    /// hold before it takes a new one (steal.rs).
+    /// Fewer than four per arena makes UAlloc share bins and adoptions between arenas
+    /// (INV(UA16), steal.rs).
     fn chunks_left(&self) -> usize {
         usize::MAX
     }

@@ -3,12 +3,11 @@
 //! An arena holds the chunks its SM adopted, and bins of each class with free slots. Two ways
 //! let other SMs use them:
 //! 1. **Free bins** ([`UAlloc::take_free_bin`]): a refill takes a free bin from another
-//!    arena's chunk and carves it for its own arena. The bin's `owner` says whose class list,
-//!    slot semaphore and SRCU domain hold it (INV(UA12)); the chunk stays with the arena that
-//!    adopted it (its chunk lists, its bins semaphore, its return to the source). A refill does
-//!    this when its own arena and the source have no chunk left, and, when the source holds
-//!    fewer chunks than there are arenas (small heaps), before it takes a new chunk: then a few
-//!    SMs cannot hold every chunk while the others get nothing.
+//!    arena's chunk and carves it for its own arena (or for a class's home, below). The bin's
+//!    `owner` says whose class list, slot semaphore and SRCU domain hold it (INV(UA12)); the
+//!    chunk stays with the arena that adopted it (its chunk lists, its bins semaphore, its
+//!    return to the source). A refill does this when its own arena and the source have no
+//!    chunk left, and, while chunks are scarce, before it takes a new chunk.
 //! 2. **Free slots** ([`UAlloc::steal_slot`]): when even that fails, each lane takes one free
 //!    slot of its class from another arena's listed bins; the bin stays that arena's.
 //!
