@@ -26,56 +26,54 @@ fn warm_launch(c: &mut Criterion) {
     let Some(gpu) = common::gpu(THREADS, SIZE) else {
         return;
     };
-    let mut b = MallocBench::new(&gpu, THREADS, HEAP_BYTES).expect("bench setup");
-    let mut csv = common::Csv::new(SCENARIO, &gpu);
-    let mut g = common::group(c, SCENARIO);
-    // The first launch on a fresh heap, and the bump ceiling (no heap state).
-    for alloc in [Allocator::Toga, Allocator::Bump] {
+    launches(
+        c,
+        &gpu,
+        SCENARIO,
+        HEAP_BYTES,
+        &[Allocator::Toga, Allocator::Bump],
+        &[Allocator::Toga, Allocator::CudaMalloc],
+    );
+    launches(
+        c,
+        &gpu,
+        SCENARIO_LARGE_HEAP,
+        LARGE_HEAP_BYTES,
+        &[Allocator::Toga],
+        &[Allocator::Toga],
+    );
+}
+
+/// The rows of one heap size: the first launch on a fresh heap for `fresh`, then warm malloc and
+/// free launches for `warm` (each warmed by one untimed malloc and free round of this size).
+fn launches(
+    c: &mut Criterion,
+    gpu: &toga::Gpu,
+    scenario: &str,
+    heap_bytes: u64,
+    fresh: &[Allocator],
+    warm: &[Allocator],
+) {
+    let mut b = MallocBench::new(gpu, THREADS, heap_bytes).expect("bench setup");
+    let mut csv = common::Csv::new(scenario, gpu);
+    let mut g = common::group(c, scenario);
+    for &alloc in fresh {
         common::bench_malloc(
             &mut g,
             &mut b,
             &mut csv,
-            SCENARIO,
+            scenario,
             alloc,
             SIZE,
             HeapState::Fresh,
             "malloc",
         );
     }
-    for alloc in [Allocator::Toga, Allocator::CudaMalloc] {
-        // Warm the heap: one malloc and free round of this size, untimed.
+    for &alloc in warm {
         b.run(alloc, SIZE, HeapState::Warm).expect("warm-up");
         for metric in ["malloc", "free"] {
-            common::bench_steady(&mut g, &mut b, &mut csv, SCENARIO, alloc, SIZE, metric);
+            common::bench_steady(&mut g, &mut b, &mut csv, scenario, alloc, SIZE, metric);
         }
-    }
-    g.finish();
-    drop(b);
-    let mut big = MallocBench::new(&gpu, THREADS, LARGE_HEAP_BYTES).expect("bench setup");
-    let mut csv_big = common::Csv::new(SCENARIO_LARGE_HEAP, &gpu);
-    let mut g = common::group(c, SCENARIO_LARGE_HEAP);
-    common::bench_malloc(
-        &mut g,
-        &mut big,
-        &mut csv_big,
-        SCENARIO_LARGE_HEAP,
-        Allocator::Toga,
-        SIZE,
-        HeapState::Fresh,
-        "malloc",
-    );
-    big.run(Allocator::Toga, SIZE, HeapState::Warm)
-        .expect("warm-up");
-    for metric in ["malloc", "free"] {
-        common::bench_steady(
-            &mut g,
-            &mut big,
-            &mut csv_big,
-            SCENARIO_LARGE_HEAP,
-            Allocator::Toga,
-            SIZE,
-            metric,
-        );
     }
     g.finish();
 }
