@@ -13,7 +13,6 @@ use crate::ualloc::chunk::chunk_base;
 use crate::ualloc::layout::{
     BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
 };
-use crate::ualloc::steal::Home;
 use crate::ualloc::{CLASS_GROUP_TAG, ChunkSource, SCAN_LIMIT, UAlloc};
 
 /// The address of slot `slot` of the bin whose header is at `bin`.
@@ -34,15 +33,12 @@ pub(crate) fn slot_ptr(bin: u64, class: SizeClass, slot: u32) -> *mut u8 {
 
 /// Where a group's slots are, as its leader found them: one word, broadcast to the lanes.
 /// - 0: nowhere (out of memory; each lane looks for a slot elsewhere, `steal_slot`);
-/// - odd: `2 i + 1`, arena `i` holds the group's units of the class: claim them from its list;
+/// - odd: `units_at(i)`, arena `i` holds the group's units of the class: claim them from its
+///   list;
 /// - even: the address of a fresh bin (128-aligned) whose first slots are the group's.
-pub(crate) struct Slots;
-
-impl Slots {
-    #[inline(always)]
-    pub(crate) fn units_at(arena: usize) -> u64 {
-        (arena as u64) << 1 | 1
-    }
+#[inline(always)]
+pub(crate) fn units_at(arena: usize) -> u64 {
+    (arena as u64) << 1 | 1
 }
 
 /// The `n`-th lowest set bit of `bits` (`n < popcount(bits)`): one `fns` per half on the GPU
@@ -286,37 +282,34 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         true
     }
 
-    /// Where `k` slots of `class` are for a group of arena `ai` ([`Slots`]): its own units
+    /// Where `k` slots of `class` are for a group of arena `ai` ([`units_at`]): its own units
     /// with one `wait` (the fast path), or the refill's. For the group's leader (or a lone
     /// lane).
     #[inline(always)]
     fn find_slots(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
         match self.arenas[ai].class(class).slots.0.wait(k, class.slots()) {
-            Wait::Acquired => Slots::units_at(ai),
+            Wait::Acquired => units_at(ai),
             Wait::MustRefill => self.refill(ai, class, k),
         }
     }
 
     /// After `MustRefill` on arena `ai`'s slots of `class`: while chunks are scarce, the
-    /// class's home first (INV(UA16)); then a refill of `ai`'s own ([`Slots`]).
+    /// class's home first (INV(UA16)); then a refill of `ai`'s own ([`units_at`]).
     #[cold]
     #[inline(never)]
     fn refill(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
         if self.scarce() {
             // Our promise stands while we are away: the arena's other waiters wait for us
             // instead of refilling too (one refill per arena at a time, as always).
-            let found = match self.serve_at_home(ai, class, k) {
-                Home::Found(at) => at,
-                Home::Exhausted => 0,
-                Home::Elsewhere => return self.alloc_slow(ai, ai, class, k).unwrap_or(0),
-            };
-            // INV(SEM4): the promise is answered; its waiters look again.
-            self.arenas[ai]
-                .class(class)
-                .slots
-                .0
-                .retract(class.slots() - k);
-            return found;
+            if let Some(found) = self.serve_at_home(ai, class, k) {
+                // INV(SEM4): the promise is answered; its waiters look again.
+                self.arenas[ai]
+                    .class(class)
+                    .slots
+                    .0
+                    .retract(class.slots() - k);
+                return found;
+            }
         }
         self.alloc_slow(ai, ai, class, k).unwrap_or(0)
     }

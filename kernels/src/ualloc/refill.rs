@@ -133,8 +133,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // of a kind at a time (INV(UA16)); the source; other arenas' chunks; and after a trim,
         // all again.
         let lone = |addr: Option<u64>| addr.map_or((0, 0), |a| (a, 1));
-        let scarce = self.scarce();
-        let mut taken = if scarce {
+        let mut taken = if self.scarce_with(chunks_left) {
             lone(self.take_free_bin(ai, kind, 0))
         } else {
             (0, 0)

@@ -47,7 +47,7 @@ use core::ptr;
 
 use crate::bulk_semaphore::Shared;
 use crate::size_class::{BinKind, SizeClass};
-use crate::ualloc::alloc::{ListClaimer, Slots, slot_ptr};
+use crate::ualloc::alloc::{ListClaimer, slot_ptr, units_at};
 use crate::ualloc::arena::Arena;
 use crate::ualloc::chunk::bin_offset;
 use crate::ualloc::layout::WORD_BITS;
@@ -66,23 +66,17 @@ const HOME_TRIES: u32 = 4;
 /// How often [`UAlloc::take_free_bin`] tries an arena whose semaphore shows free bins.
 const TRANSIENT_LOOKS: u32 = 4;
 
-/// What [`UAlloc::serve_at_home`] found.
-pub(crate) enum Home {
-    /// Where the group's slots are, as [`Slots`](crate::ualloc::alloc::Slots) encodes it.
-    Found(u64),
-    /// A home refill (the caller's, or the one it waited for) found no memory after its trims:
-    /// the same attempt as a refill of the caller's own arena, which it need not repeat.
-    Exhausted,
-    /// Not served at the home (the caller's arena is the home, or others kept taking its
-    /// slots): refill as usual.
-    Elsewhere,
-}
-
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// Whether chunks are scarce: refills then go to a class's home first (INV(UA16)).
     #[inline(always)]
     pub(crate) fn scarce(&self) -> bool {
-        self.source.chunks_left() < self.arenas.len() * HOME_CHUNKS_PER_ARENA
+        self.scarce_with(self.source.chunks_left())
+    }
+
+    /// [`scarce`](Self::scarce) for a `chunks_left` the caller has read already.
+    #[inline(always)]
+    pub(crate) fn scarce_with(&self, chunks_left: usize) -> bool {
+        chunks_left < self.arenas.len() * HOME_CHUNKS_PER_ARENA
     }
 
     /// The arena that holds what SMs share while chunks are scarce: for `key` a class's index,
@@ -93,15 +87,18 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         (key * 7 + 3) % self.arenas.len()
     }
 
-    /// `k` slots of `class` for a group of arena `ai` from the class's home (INV(UA16)): units
-    /// there, or a fresh bin that a home refill carved from our chunks. The caller holds no
-    /// promise.
+    /// `k` slots of `class` for a group of arena `ai` from the class's home (INV(UA16)), as
+    /// [`units_at`] encodes them: units there, or a fresh bin that a home refill carved from
+    /// our chunks; 0 when a home refill (ours, or the one we waited for) found no memory after
+    /// its trims, the same attempt as a refill of our own arena. `None`: not served at the home
+    /// (our arena is the home, or others kept taking its slots); refill as usual. The caller
+    /// holds its own arena's promise meanwhile.
     #[cold]
     #[inline(never)]
-    pub(crate) fn serve_at_home(&self, ai: usize, class: SizeClass, k: u32) -> Home {
+    pub(crate) fn serve_at_home(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
         let h = self.home(class.index());
         if h == ai {
-            return Home::Elsewhere;
+            return None;
         }
         let state = self.arenas[h].class(class);
         let refill = || self.alloc_slow(ai, h, class, k);
@@ -112,17 +109,18 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             HOME_TRIES,
             refill,
         ) {
-            Shared::Taken => Home::Found(Slots::units_at(h)),
-            Shared::Refilled(bin) => Home::Found(bin),
-            Shared::Exhausted => Home::Exhausted,
-            Shared::Busy => Home::Elsewhere,
+            Shared::Taken => Some(units_at(h)),
+            Shared::Refilled(bin) => Some(bin),
+            Shared::Exhausted => Some(0),
+            Shared::Busy => None,
         }
     }
 
-    /// The arenas other than `ai`, in order from the one after it.
-    fn others(&self, ai: usize) -> impl Iterator<Item = &Arena> {
+    /// The arenas in order from `ai + skip` round to the one before `ai` (`skip` 1: the arenas
+    /// other than `ai`).
+    fn arenas_from(&self, ai: usize, skip: usize) -> impl Iterator<Item = &Arena> {
         let n = self.arenas.len();
-        (1..n).map(move |step| &self.arenas[(ai + step) % n])
+        (skip..n).map(move |step| &self.arenas[(ai + step) % n])
     }
 
     /// A free bin of `kind` from an arena's chunks, taken off its chunk for the caller to carve
@@ -132,9 +130,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[cold]
     #[inline(never)]
     pub(crate) fn take_free_bin(&self, ai: usize, kind: BinKind, skip: usize) -> Option<u64> {
-        let n = self.arenas.len();
-        for step in skip..n {
-            let arena = &self.arenas[(ai + step) % n];
+        for arena in self.arenas_from(ai, skip) {
             let ks = arena.kind(kind);
             // A plain load first: threads that run out together look at every arena, and a
             // failed `try_wait` costs two atomics on another SM's line. A `try_wait` fails
@@ -176,7 +172,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[cold]
     #[inline(never)]
     pub(crate) fn steal_slot(&self, ai: usize, class: SizeClass) -> *mut u8 {
-        for arena in self.others(ai) {
+        for arena in self.arenas_from(ai, 1) {
             // INV(UA2): a unit is a free slot in a listed bin, or in one on the pending stack
             // that the claimer's drain links (INV(UA7)); the claimer finds it.
             let slots = &arena.class(class).slots.0;
