@@ -274,6 +274,52 @@ impl<L: Layout> BulkSemaphore<L> {
         self.spin_reserved(n, batch, old.wrapping_add(reserve))
     }
 
+    /// [`wait`](Self::wait), except that a caller whose fast path misses first looks
+    /// `elsewhere` (once, before it reserves): `Err(t)` when that found what it needed, and
+    /// the semaphore is left as it was. For UAlloc's arenas while chunks are scarce, whose
+    /// slots of a class live at the class's home (INV(UA16)): without it each SM's warps
+    /// queued behind one refill of their own arena to reach the home one after another.
+    ///
+    /// The miss gives its units back first (one more add, whose result nobody waits for), so
+    /// that no transient deduction (INV(SEM3)) stays in C while `elsewhere` runs; then it
+    /// reserves as `wait` does. `elsewhere` must not wait on this semaphore.
+    #[inline]
+    pub fn wait_or<T>(
+        &self,
+        n: u32,
+        batch: u32,
+        elsewhere: impl FnOnce() -> Option<T>,
+    ) -> Result<Wait, T> {
+        if n == 0 {
+            return Ok(Wait::Acquired);
+        }
+        // INV(SEM7): acquire pairs with the release in `signal`/`release`.
+        let old = self
+            .word
+            .fetch_add_acquire(Fields::<L>::c_units(n).wrapping_neg());
+        if Counters::unpack::<L>(old).c >= n as i64 {
+            return Ok(Wait::Acquired);
+        }
+        self.missed(n, batch, elsewhere)
+    }
+
+    /// `wait_or` after its fast path missed (the deduction of `n` still in C).
+    #[cold]
+    #[inline(never)]
+    fn missed<T>(
+        &self,
+        n: u32,
+        batch: u32,
+        elsewhere: impl FnOnce() -> Option<T>,
+    ) -> Result<Wait, T> {
+        // INV(SEM3): give the units back.
+        self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
+        match elsewhere() {
+            Some(t) => Err(t),
+            None => Ok(self.wait_slow(n, batch)),
+        }
+    }
+
     /// The slow path of `wait`: reserve, then take or refill (module doc).
     #[cold]
     fn wait_slow(&self, n: u32, batch: u32) -> Wait {

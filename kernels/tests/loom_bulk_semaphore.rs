@@ -12,6 +12,9 @@ use loom::thread;
 use toga_kernels::bulk_semaphore::{BulkSemaphore, Global, Layout, PerSm, Shared, Wait};
 use toga_kernels::collective::SingleFlight;
 
+/// Units per refill in these models.
+const BATCH: u32 = 2;
+
 /// Units behind a semaphore, a refill budget, and a shadow count of the units that exist.
 struct Pool<L: Layout = Global> {
     sem: BulkSemaphore<L>,
@@ -32,8 +35,12 @@ impl<L: Layout> Pool<L> {
 
     /// One unit, batch 2: the TBuddy shape.
     fn take(&self) -> bool {
-        const BATCH: u32 = 2;
-        let ok = match self.sem.wait(1, BATCH) {
+        self.settle(self.sem.wait(1, BATCH))
+    }
+
+    /// What a `wait` of one unit (batch 2) decided: take the unit, or refill from the budget.
+    fn settle(&self, wait: Wait) -> bool {
+        let ok = match wait {
             Wait::Acquired => {
                 assert!(
                     self.units.fetch_sub(1, SeqCst) >= 1,
@@ -271,5 +278,52 @@ fn shared_refills_against_a_waiter() {
                 "failed with a refill left"
             );
         }
+    });
+}
+
+/// One unit for a caller that looks at `home` (a class's home, INV(UA16)) when `p`'s fast path
+/// misses, before it reserves on `p` (`wait_or`).
+fn take_or(p: &Pool<PerSm>, home: &Pool<PerSm>) -> bool {
+    match p
+        .sem
+        .wait_or(1, BATCH, || home.sem.try_wait(1).then_some(()))
+    {
+        Err(()) => {
+            assert!(
+                home.units.fetch_sub(1, SeqCst) >= 1,
+                "handed out a unit of the home that did not exist"
+            );
+            home.got.fetch_add(1, SeqCst);
+            true
+        }
+        Ok(wait) => p.settle(wait),
+    }
+}
+
+/// Two callers of `wait_or` that look at a home with one unit, and a plain waiter, on an empty
+/// semaphore with one refill of two: the refill's two units and the home's one go out once
+/// each (a look at the home can fail while the other's deduction is in flight, INV(SEM3), and
+/// then three want the refill's two), nothing is lost, and no reservation or promise is left.
+#[test]
+fn wait_or_looks_at_the_home_before_it_reserves() {
+    loom::model(|| {
+        let pool = Pool::<PerSm>::new(0, 1);
+        let home = Pool::<PerSm>::new(1, 0);
+        let other = {
+            let (p, h) = (pool.clone(), home.clone());
+            thread::spawn(move || take_or(&p, &h))
+        };
+        let waiter = {
+            let p = pool.clone();
+            thread::spawn(move || p.take())
+        };
+        take_or(&pool, &home);
+        other.join().unwrap();
+        waiter.join().unwrap();
+        assert_eq!(pool.got.load(SeqCst), 2);
+        assert_eq!(pool.sem.counters(), (0, 0, 0));
+        let from_home = home.got.load(SeqCst) as u32;
+        assert!(from_home <= 1);
+        assert_eq!(home.sem.counters(), (1 - from_home, 0, 0));
     });
 }

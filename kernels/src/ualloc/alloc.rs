@@ -283,13 +283,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// Where `k` slots of `class` are for a group of arena `ai` ([`units_at`]): its own units
-    /// with one `wait` (the fast path), or the refill's. For the group's leader (or a lone
-    /// lane).
+    /// with one `wait` (the fast path); while chunks are scarce, the class's home's units
+    /// when ours ran out (INV(UA16), [`take_at_home`](Self::take_at_home)); or the refill's.
+    /// For the group's leader (or a lone lane).
     #[inline(always)]
     fn find_slots(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
-        match self.arenas[ai].class(class).slots.0.wait(k, class.slots()) {
-            Wait::Acquired => units_at(ai),
-            Wait::MustRefill => self.refill(ai, class, k),
+        let slots = &self.arenas[ai].class(class).slots.0;
+        match slots.wait_or(k, class.slots(), || self.take_at_home(ai, class, k)) {
+            Ok(Wait::Acquired) => units_at(ai),
+            Ok(Wait::MustRefill) => self.refill(ai, class, k),
+            Err(at) => at,
         }
     }
 

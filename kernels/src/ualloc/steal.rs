@@ -121,6 +121,23 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
+    /// While chunks are scarce, `k` units of `class` at its home for a group of arena `ai`
+    /// whose own units ran out: one `try_wait` on the home's slots, nothing else (no refill,
+    /// no wait). `units_at(home)`, or `None` (not scarce, our arena is the home, or the home
+    /// has too few). Before the group reserves on its own arena's semaphore, so that each
+    /// SM's warps reach the home side by side instead of one refill at a time: a warm launch
+    /// of 1,024 threads × 16 B in a 64 MiB heap queued its eight warps per SM that way.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn take_at_home(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
+        let h = self.home(class.index());
+        let slots = &self.arenas[h].class(class).slots.0;
+        // Both plain loads before either decides: one wait for the two lines, not two.
+        let (scarce, available) = (self.scarce(), slots.available());
+        let found = h != ai && scarce && available >= k && slots.try_wait(k);
+        found.then(|| units_at(h))
+    }
+
     /// The arenas in order from `ai + skip` round to the one before `ai` (`skip` 1: the arenas
     /// other than `ai`).
     fn arenas_from(&self, ai: usize, skip: usize) -> impl Iterator<Item = &Arena> {
