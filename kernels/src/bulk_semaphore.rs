@@ -274,13 +274,15 @@ impl<L: Layout> BulkSemaphore<L> {
         self.spin_reserved(n, batch, old.wrapping_add(reserve))
     }
 
-    /// [`wait`](Self::wait), except that a caller whose fast path misses first looks
-    /// `elsewhere` (once, before it reserves): `Err(t)` when that found what it needed, and
-    /// the semaphore is left as it was. For UAlloc's arenas while chunks are scarce, whose
-    /// slots of a class live at the class's home (INV(UA16)): without it each SM's warps
-    /// queued behind one refill of their own arena to reach the home one after another.
+    /// [`wait`](Self::wait), except that a caller whose fast path misses while no refill is
+    /// promised (E = 0) first looks `elsewhere` (once, before it reserves): `Err(t)` when that
+    /// found what it needed, and the semaphore is left as it was. For UAlloc's arenas while
+    /// chunks are scarce, whose slots of a class live at the class's home (INV(UA16)): without
+    /// it each SM's warps queued behind one refill of their own arena to reach the home one
+    /// after another. A miss while a refill is promised waits for it, as `wait` does, at no
+    /// extra cost (in a big heap's fresh fill most misses are of that kind).
     ///
-    /// The miss gives its units back first (one more add, whose result nobody waits for), so
+    /// The look gives the units back first (one more add, whose result nobody waits for), so
     /// that no transient deduction (INV(SEM3)) stays in C while `elsewhere` runs; then it
     /// reserves as `wait` does. `elsewhere` must not wait on this semaphore.
     #[inline]
@@ -297,21 +299,30 @@ impl<L: Layout> BulkSemaphore<L> {
         let old = self
             .word
             .fetch_add_acquire(Fields::<L>::c_units(n).wrapping_neg());
-        if Counters::unpack::<L>(old).c >= n as i64 {
+        let s = Counters::unpack::<L>(old);
+        if s.c >= n as i64 {
             return Ok(Wait::Acquired);
         }
-        self.missed(n, batch, elsewhere)
+        self.missed(n, batch, s.e == 0, elsewhere)
     }
 
-    /// `wait_or` after its fast path missed (the deduction of `n` still in C).
+    /// `wait_or` after its fast path missed (the deduction of `n` still in C); `look`: no
+    /// refill was promised, so look `elsewhere` first.
     #[cold]
     #[inline(never)]
     fn missed<T>(
         &self,
         n: u32,
         batch: u32,
+        look: bool,
         elsewhere: impl FnOnce() -> Option<T>,
     ) -> Result<Wait, T> {
+        if !look {
+            // As `wait`: give the units back and reserve them in one add (INV(SEM3)).
+            let reserve = Fields::<L>::c_units(n) + Fields::<L>::r_units(n);
+            let old = self.word.fetch_add_relaxed(reserve);
+            return Ok(self.spin_reserved(n, batch, old.wrapping_add(reserve)));
+        }
         // INV(SEM3): give the units back.
         self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
         match elsewhere() {
