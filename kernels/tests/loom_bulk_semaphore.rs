@@ -282,11 +282,15 @@ fn shared_refills_against_a_waiter() {
 }
 
 /// One unit for a caller that looks at `home` (a class's home, INV(UA16)) when `p`'s fast path
-/// misses, before it reserves on `p` (`wait_or`).
+/// misses, before it reserves on `p` (`wait_fast`, then `wait_after`).
 fn take_or(p: &Pool<PerSm>, home: &Pool<PerSm>) -> bool {
+    let miss = match p.sem.wait_fast(1) {
+        Ok(()) => return p.settle(Wait::Acquired),
+        Err(miss) => miss,
+    };
     match p
         .sem
-        .wait_or(1, BATCH, || home.sem.try_wait(1).then_some(()))
+        .wait_after(miss, 1, BATCH, || home.sem.try_wait(1).then_some(()))
     {
         Err(()) => {
             assert!(
@@ -300,12 +304,12 @@ fn take_or(p: &Pool<PerSm>, home: &Pool<PerSm>) -> bool {
     }
 }
 
-/// Two callers of `wait_or` that look at a home with one unit, and a plain waiter, on an empty
+/// Two callers of `wait_fast`/`wait_after` that look at a home with one unit, and a plain waiter, on an empty
 /// semaphore with one refill of two: the refill's two units and the home's one go out once
 /// each (a look at the home can fail while the other's deduction is in flight, INV(SEM3), and
 /// then three want the refill's two), nothing is lost, and no reservation or promise is left.
 #[test]
-fn wait_or_looks_at_the_home_before_it_reserves() {
+fn a_miss_looks_at_the_home_before_it_reserves() {
     loom::model(|| {
         let pool = Pool::<PerSm>::new(0, 1);
         let home = Pool::<PerSm>::new(1, 0);

@@ -2,7 +2,7 @@
 
 use core::ptr;
 
-use crate::bulk_semaphore::Wait;
+use crate::bulk_semaphore::{Miss, Wait};
 use crate::collective::Group;
 use crate::platform::{self, Backoff};
 use crate::rcu::SrcuReader;
@@ -288,8 +288,19 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// For the group's leader (or a lone lane).
     #[inline(always)]
     fn find_slots(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
+        match self.arenas[ai].class(class).slots.0.wait_fast(k) {
+            Ok(()) => units_at(ai),
+            Err(miss) => self.find_slots_after(miss, ai, class, k),
+        }
+    }
+
+    /// [`find_slots`](Self::find_slots) after its fast path missed: out of line, so that the
+    /// fast path holds nothing for it.
+    #[cold]
+    #[inline(never)]
+    fn find_slots_after(&self, miss: Miss, ai: usize, class: SizeClass, k: u32) -> u64 {
         let slots = &self.arenas[ai].class(class).slots.0;
-        match slots.wait_or(k, class.slots(), || self.take_at_home(ai, class, k)) {
+        match slots.wait_after(miss, k, class.slots(), || self.take_at_home(ai, class, k)) {
             Ok(Wait::Acquired) => units_at(ai),
             Ok(Wait::MustRefill) => self.refill(ai, class, k),
             Err(at) => at,
