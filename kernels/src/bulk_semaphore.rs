@@ -300,9 +300,9 @@ impl<L: Layout> BulkSemaphore<L> {
         }
     }
 
-    /// The rest of [`wait`](Self::wait) after [`wait_fast`](Self::wait_fast) missed; but a
-    /// miss that saw no refill promised (E = 0) first looks `elsewhere` (once, before it
-    /// reserves): `Err(t)` when that found what it needed, and the semaphore is left as it
+    /// The rest of [`wait`](Self::wait) after [`wait_fast`](Self::wait_fast) missed; but with
+    /// `look`, a miss that saw no refill promised (E = 0) first looks `elsewhere` (once,
+    /// before it reserves): `Err(t)` when that found what it needed, and the semaphore is left as it
     /// was. For UAlloc's arenas while chunks are scarce, whose slots of a class live at the
     /// class's home (INV(UA16)): without it each SM's warps queued behind one refill of their
     /// own arena to reach the home one after another. A miss while a refill is promised waits
@@ -317,9 +317,10 @@ impl<L: Layout> BulkSemaphore<L> {
         miss: Miss,
         n: u32,
         batch: u32,
+        look: bool,
         elsewhere: impl FnOnce() -> Option<T>,
     ) -> Result<Wait, T> {
-        if Counters::unpack::<L>(miss.0).e != 0 {
+        if !look || Counters::unpack::<L>(miss.0).e != 0 {
             // As `wait`: give the units back and reserve them in one add (INV(SEM3)).
             let reserve = Fields::<L>::c_units(n) + Fields::<L>::r_units(n);
             let old = self.word.fetch_add_relaxed(reserve);

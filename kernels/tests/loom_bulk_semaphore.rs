@@ -290,7 +290,7 @@ fn take_or(p: &Pool<PerSm>, home: &Pool<PerSm>) -> bool {
     };
     match p
         .sem
-        .wait_after(miss, 1, BATCH, || home.sem.try_wait(1).then_some(()))
+        .wait_after(miss, 1, BATCH, true, || home.sem.try_wait(1).then_some(()))
     {
         Err(()) => {
             assert!(

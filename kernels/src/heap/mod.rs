@@ -350,6 +350,16 @@ impl ChunkSource for HeapChunks<'_> {
         }
         (self.heap.buddy.free_pages() >> CHUNK_ORDER) as usize
     }
+
+    /// A fixed heap's pages in chunks (the header's geometry, plain loads); a growable heap
+    /// has no bound.
+    fn chunks_at_most(&self) -> usize {
+        let g = &self.heap.header.geometry;
+        if g.mailbox != 0 {
+            return usize::MAX;
+        }
+        (g.pages >> CHUNK_ORDER) as usize
+    }
 }
 
 fn add_reserved(header: &HeapHeader, bytes: u64) {

@@ -81,6 +81,14 @@ pub trait ChunkSource {
     fn chunks_left(&self) -> usize {
         usize::MAX
     }
+
+    /// The most chunks the source could ever hold (default: no bound). A source with fewer
+    /// than four per arena is a small heap, whose chunks are always scarce: a group whose own
+    /// arena has no slots looks at its class's home before it waits for a refill of its own
+    /// (INV(UA16), `UAlloc::take_at_home`).
+    fn chunks_at_most(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// What [`UAlloc::free`] did.
