@@ -47,6 +47,11 @@
 //! every step is one add: the reservation comes first and the refill decision is taken on the
 //! state with it. The paper prints "C ≥ I" for the second test (a typo for N).
 //!
+//! `wait` split at the miss: [`wait_fast`](BulkSemaphore::wait_fast) is step 1 alone, and
+//! [`wait_after`](BulkSemaphore::wait_after) the rest, for a caller that handles the miss out of
+//! line. With `look`, a miss that saw no promise (E = 0) gives its `n` back (one add) and looks
+//! elsewhere before it reserves (UAlloc's class homes, INV(UA16)).
+//!
 //! Out of memory never hangs: a waiter spins only while promised refills cover every
 //! reservation; once a refill is retracted (or none is in flight, `E == 0`) the reservations
 //! exceed the supply, every spinning waiter sees it at its next look, and the first
