@@ -307,10 +307,10 @@ impl<L: Layout> BulkSemaphore<L> {
 
     /// The rest of [`wait`](Self::wait) after [`wait_fast`](Self::wait_fast) missed; but with
     /// `look`, a miss that saw no refill promised (E = 0) first looks `elsewhere` (once,
-    /// before it reserves): `Err(t)` when that found what it needed, and the semaphore is left as it
-    /// was. For UAlloc's arenas while chunks are scarce, whose slots of a class live at the
-    /// class's home (INV(UA16)): without it each SM's warps queued behind one refill of their
-    /// own arena to reach the home one after another. A miss while a refill is promised waits
+    /// before it reserves): `Err(t)` when that found what it needed, and the semaphore is
+    /// left as it was. For UAlloc's arenas in a small heap, whose slots of a class live at
+    /// the class's home (INV(UA16)): without it each SM's warps queued behind one refill of
+    /// their own arena to reach the home one after another. A miss while a refill is promised waits
     /// for it, as `wait` does, with the same adds.
     ///
     /// The look gives the units back first (one more add, whose result nobody waits for), so

@@ -283,8 +283,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// Where `k` slots of `class` are for a group of arena `ai` ([`units_at`]): its own units
-    /// with one `wait` (the fast path); while chunks are scarce, the class's home's units
-    /// when ours ran out (INV(UA16), [`take_at_home`](Self::take_at_home)); or the refill's.
+    /// with one `wait` (the fast path); in a small heap, the class's home's units when ours
+    /// ran out (INV(UA16), [`take_at_home`](Self::take_at_home)); or the refill's.
     /// For the group's leader (or a lone lane).
     #[inline(always)]
     fn find_slots(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
