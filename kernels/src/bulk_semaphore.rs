@@ -310,8 +310,8 @@ impl<L: Layout> BulkSemaphore<L> {
     /// before it reserves): `Err(t)` when that found what it needed, and the semaphore is
     /// left as it was. For UAlloc's arenas in a small heap, whose slots of a class live at
     /// the class's home (INV(UA16)): without it each SM's warps queued behind one refill of
-    /// their own arena to reach the home one after another. A miss while a refill is promised waits
-    /// for it, as `wait` does, with the same adds.
+    /// their own arena to reach the home one after another. A miss while a refill is
+    /// promised waits for it, as `wait` does, with the same adds.
     ///
     /// The look gives the units back first (one more add, whose result nobody waits for), so
     /// that no transient deduction (INV(SEM3)) stays in C while `elsewhere` runs; then it
