@@ -169,9 +169,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         let (first, count) = taken;
         // Carve them (INV(UA12): the owner's, wherever their chunks are; the first keeps the
-        // group's `k` slots), and chain those to list, all but a full first one, through their links
-        // (INV(UA7)): stores only, so the list's mutex is held for one splice. The bins are
-        // ours alone until the splice publishes them; only a chain of several costs loads.
+        // group's `k` slots), and chain those to list, all but a full first one, through their
+        // links (INV(UA7)): stores only, so the list's mutex is held for one splice. The bins
+        // are ours alone until the splice publishes them; only a chain of several costs loads.
         let (mut head, mut tail) = (0, 0);
         let mut at = first;
         for i in 0..count {
