@@ -336,6 +336,11 @@ impl SingleFlight {
         self.result.load_relaxed()
     }
 
+    /// Runs finished so far (wrapping; a snapshot, for statistics and tests).
+    pub fn runs(&self) -> u32 {
+        self.state.load_relaxed() >> 1
+    }
+
     /// Whether a run is in progress (a snapshot, for assertions).
     pub fn is_running(&self) -> bool {
         self.state.load_relaxed() & 1 != 0

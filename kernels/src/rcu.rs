@@ -116,10 +116,13 @@ pub struct SrcuReader<'a> {
 impl Drop for SrcuReader<'_> {
     #[inline]
     fn drop(&mut self) {
-        // Release: everything this reader did in the section happens before the owner's
-        // acquire load that sees the count fall (pairs with the acquire in `wait_for_readers`).
-        // Nothing after the section needs the acquire half.
-        self.srcu.readers[self.parity].0.fetch_sub_release(1);
+        // Release (fence form): everything this reader did in the section happens before the
+        // owner's acquire load that sees the count fall (pairs with the acquire in
+        // `wait_for_readers`). A fence rather than a release `fetch_sub` (on the GPU both are
+        // one MEMBAR): it also releases the section's writes to whatever the thread writes
+        // next, which `free` relies on for its count of an emptied bin (INV(UA17)).
+        platform::fence_acq_rel();
+        self.srcu.readers[self.parity].0.fetch_sub_relaxed(1);
     }
 }
 

@@ -10,7 +10,8 @@
 //! reported once, and the group release (`release_many`, one `fetch_and` and one `fetch_sub`
 //! for a warp's slots of one word) against claims, single releases and retirement, the
 //! fresh cursor (INV(UA15)) against a release that empties the bin, and the pending stack
-//! (INV(UA13)): notes racing drains, and a drain never following a link of an earlier push.
+//! (INV(UA13)): notes racing drains, and a drain never following a link of an earlier push;
+//! and the harvest epoch (INV(UA17)): a trim skipped in a recorded epoch leaves no empty bin.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
@@ -21,6 +22,7 @@ use toga_kernels::rcu::Srcu;
 use toga_kernels::size_class::SizeClass;
 use toga_kernels::ualloc::bin::{BinHeader, Claim, Release, USED_COUNT_MASK, USED_RETIRED};
 use toga_kernels::ualloc::pending::PendingStack;
+use toga_kernels::ualloc::{HarvestCount, TrimGate};
 
 fn class() -> SizeClass {
     SizeClass::from_size(128)
@@ -39,7 +41,7 @@ fn claim_one(b: &BinHeader) -> Claim {
 /// 1 if the claim reported a crossing of "full".
 fn resyncs(c: Claim) -> u32 {
     match c {
-        Claim::Got { resync, .. } | Claim::NoneFree { resync } => resync as u32,
+        Claim::Got { resync, .. } | Claim::NoneFree { resync, .. } => resync as u32,
         Claim::Retired => 0,
     }
 }
@@ -748,5 +750,44 @@ fn a_drain_never_follows_a_link_of_an_earlier_push() {
         );
         assert_eq!(settled, [&*c as *const BinHeader as u64], "c settled once");
         assert_eq!(a.pending_count() + c.pending_count(), 0, "INV(UA13)");
+    });
+}
+
+/// INV(UA17): a refill that skips its trim never leaves behind a bin that a free had left
+/// empty. The free of a bin's last block (inside a read section, counted after the section's
+/// exit fence) races a refill that reads the harvest epoch, trims (retires the bin if it finds
+/// it empty) and records the epoch. After both, a refill that finds its epoch recorded, and
+/// would skip its trim, must find the bin retired. Fails if the count is an `add` after a
+/// release `fetch_sub` of the reader count instead of after a fence (checked).
+#[test]
+fn a_skipped_trim_never_leaves_an_emptied_bin() {
+    loom::model(|| {
+        let b = bin(1);
+        let srcu = Arc::new(Srcu::new());
+        let count = Arc::new(HarvestCount::new());
+        let gate = Arc::new(TrimGate::new());
+        let freer = {
+            let (b, srcu, count) = (b.clone(), srcu.clone(), count.clone());
+            thread::spawn(move || {
+                let reader = srcu.read_lock();
+                let r = b.release_many_fenced(class(), 0, 1);
+                drop(reader);
+                if r.left == 0 {
+                    count.note_fenced();
+                }
+            })
+        };
+        let (epoch, futile) = gate.epoch(core::iter::once(&*count));
+        assert!(!futile, "nothing was recorded yet");
+        // The trim: retire the bin if it is empty.
+        if b.used_word() == 0 {
+            assert!(b.try_retire());
+        }
+        gate.record(epoch);
+        freer.join().unwrap();
+        let (_, futile) = gate.epoch(core::iter::once(&*count));
+        if futile {
+            assert!(b.is_retired(), "a skipped trim left an empty bin behind");
+        }
     });
 }

@@ -19,7 +19,9 @@ use toga_kernels::size_class::{BinKind, MAX_SMALL_SIZE, NUM_CLASSES, SizeClass};
 use toga_kernels::ualloc::layout::{
     LARGE_BINS, LARGE_DATA_OFFSET, SMALL_BINS, SMALL_RESERVED_PAGES,
 };
-use toga_kernels::ualloc::{Arena, CHUNK_SIZE, ChunkSource, FreeOutcome, PAGE_SIZE, UAlloc};
+use toga_kernels::ualloc::{
+    Arena, CHUNK_SIZE, ChunkSource, FreeOutcome, PAGE_SIZE, TrimGate, UAlloc,
+};
 
 /// Byte written over chunk memory before UAlloc gets it and after it gives it back, so that
 /// nothing relies on zeroed chunks or touches a returned one unnoticed.
@@ -128,8 +130,20 @@ fn heap(arenas: usize, chunks: usize) -> (&'static [Arena], Arc<HostChunks>) {
     (arenas, HostChunks::new(chunks))
 }
 
+/// UAlloc over `arenas` and the source, with a trim gate of its own, as every view of a heap
+/// has (one trim at a time, and refills that skip a futile trim, INV(UA17)).
 fn ualloc(arenas: &'static [Arena], chunks: &Arc<HostChunks>) -> UAlloc<'static, Source> {
-    UAlloc::new(arenas, Source(chunks.clone()))
+    gated(arenas, chunks).0
+}
+
+/// [`ualloc`] and its gate.
+fn gated(
+    arenas: &'static [Arena],
+    chunks: &Arc<HostChunks>,
+) -> (UAlloc<'static, Source>, &'static TrimGate) {
+    let gate: &'static TrimGate = Box::leak(Box::new(TrimGate::new()));
+    let ua = UAlloc::new(arenas, Source(chunks.clone())).with_trim_gate(gate);
+    (ua, gate)
 }
 
 /// The pattern word `k` of a block at `addr` in round `tag`.
@@ -546,6 +560,59 @@ fn memory_flows_between_classes() {
             }
             assert_all_returned(&ua, &chunks);
         }
+    });
+}
+
+/// INV(UA17): once a refill found the heap out of memory after a trim, later refills skip
+/// their trims until a bin is left empty, and then trim and find it. One arena and one thread,
+/// so every step is exact: a full heap of 16 B blocks; nulls for 16 B and 32 B with no trim; a
+/// free that leaves its bin with blocks changes nothing for 32 B; freeing the rest of that bin
+/// lets the next 32 B refill trim, retire the bin and carve it for 32 B.
+#[test]
+fn refills_skip_futile_trims_until_a_bin_is_left_empty() {
+    with_deadline(|| {
+        const CHUNKS: usize = 2;
+        let (arenas, chunks) = heap(1, CHUNKS);
+        let (ua, gate) = gated(arenas, &chunks);
+        let shadow = Shadow::default();
+        // With fewer than four chunks per arena each refill carves one bin, and a lone thread
+        // fills it before the next: the first `slots` blocks are the first bin's.
+        let blocks = fill_class(&ua, &shadow, 16, CHUNKS);
+        let trims = gate.trims();
+        assert!(trims > 0, "the fill's last refill trims before its null");
+        assert!(ua.malloc(16).is_null());
+        assert!(ua.malloc(32).is_null());
+        assert_eq!(
+            gate.trims(),
+            trims,
+            "a refill trimmed with nothing to give back"
+        );
+        let (first_bin, rest) = blocks.split_at(SizeClass::from_size(16).slots() as usize);
+        release_block(&ua, &shadow, first_bin[0], 16);
+        assert!(
+            ua.malloc(32).is_null(),
+            "a bin with blocks left was given away"
+        );
+        assert_eq!(
+            gate.trims(),
+            trims,
+            "a free that left its bin with blocks made a trim run"
+        );
+        for &p in &first_bin[1..] {
+            release_block(&ua, &shadow, p, 16);
+        }
+        let p = ua.malloc(32);
+        assert!(!p.is_null(), "the emptied bin was not found");
+        assert!(
+            gate.trims() > trims,
+            "the emptied bin came back without a trim"
+        );
+        adopt_block(&ua, &shadow, p, 32, 32);
+        release_block(&ua, &shadow, p, 32);
+        for &p in rest {
+            release_block(&ua, &shadow, p, 16);
+        }
+        assert_all_returned(&ua, &chunks);
     });
 }
 

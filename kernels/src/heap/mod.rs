@@ -22,12 +22,13 @@
 
 use core::ptr;
 
-use crate::collective::{Group, SingleFlight};
+use crate::collective::Group;
 use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 use crate::ualloc::{
-    Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, OOM_RETRIES, UAlloc,
+    Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, OOM_RETRIES,
+    TrimGate, UAlloc,
 };
 
 /// `"togaheap"`: marks an initialized header.
@@ -86,10 +87,6 @@ pub struct StatsShard {
 /// One counter alone on its cache line.
 #[repr(C, align(128))]
 pub struct Line(pub Atomic64);
-
-/// UAlloc's trim gate alone on its cache line (`UAlloc::with_trim_gate`).
-#[repr(C, align(128))]
-pub struct TrimGate(pub SingleFlight);
 
 /// Where everything is, computed on the host by [`Geometry::new`] and copied into the header.
 /// All offsets are from the heap's base address.
@@ -272,7 +269,8 @@ pub struct HeapHeader {
     pub grow_denied: Line,
     pub grows: Line,
     pub grow_failures: Line,
-    /// One trim of UAlloc at a time; threads out of memory meanwhile share its result.
+    /// One trim of UAlloc at a time; threads out of memory meanwhile share its result, and
+    /// skip a trim that cannot help (INV(UA17)).
     pub trim_gate: TrimGate,
     pub buddy: TBuddyHeader,
 }
@@ -674,7 +672,7 @@ impl<'a> DeviceHeap<'a> {
     }
 
     fn ualloc(&self) -> UAlloc<'_, HeapChunks<'_>> {
-        UAlloc::new(self.arenas, HeapChunks { heap: self }).with_trim_gate(&self.header.trim_gate.0)
+        UAlloc::new(self.arenas, HeapChunks { heap: self }).with_trim_gate(&self.header.trim_gate)
     }
 
     fn shard(&self) -> &StatsShard {

@@ -212,9 +212,13 @@ impl<'x> ListClaimer<'x> {
                     // Stay on this bin: it may have more for the rest of the group.
                     return (self.cursor, word, bits);
                 }
-                Claim::NoneFree { resync } => {
+                Claim::NoneFree { resync, emptied } => {
                     if resync {
                         sync_listing(self.arena, self.class, bin);
+                    }
+                    if emptied {
+                        // INV(UA17): our count kept a trim from retiring the empty bin.
+                        self.arena.harvest().note();
                     }
                     // Acquire: pairs with the release stores that linked the next bin.
                     self.cursor = bin.next.load_acquire();

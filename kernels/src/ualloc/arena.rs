@@ -22,6 +22,7 @@ use crate::rcu::Srcu;
 use crate::size_class::{BinKind, NUM_CLASSES, NUM_KINDS, SizeClass};
 use crate::ualloc::bin::BinHeader;
 use crate::ualloc::chunk::ChunkHeader;
+use crate::ualloc::exhaust::HarvestCount;
 use crate::ualloc::pending::PendingStack;
 
 /// Keeps a value on its own 128 B line.
@@ -86,9 +87,19 @@ pub struct Arena {
     pub(crate) rcu: Srcu,
     pub(crate) classes: [ClassState; NUM_CLASSES],
     pub(crate) kinds: [KindState; NUM_KINDS],
+    /// The arena's trim: its lock, and its count of what a trim could give back.
+    pub(crate) trim: Line<ArenaTrim>,
+}
+
+/// An arena's share of the trims (refill.rs, exhaust.rs).
+#[repr(C)]
+pub(crate) struct ArenaTrim {
     /// Held by the one thread that trims this arena ([`UAlloc::trim`](super::UAlloc::trim));
     /// others skip the arena instead of walking its lists again.
-    pub(crate) trimming: Line<CollectiveMutex>,
+    pub(crate) lock: CollectiveMutex,
+    /// Events after which a trim may find something to give back: a bin of this arena left
+    /// empty, or left carved by a trim (INV(UA17)).
+    pub(crate) harvest: HarvestCount,
 }
 
 // INV(SEM2) for the arena semaphores (layout `PerSm`). C: a class's free slots in one arena
@@ -153,7 +164,10 @@ impl Arena {
                     adoption: SingleFlight::new(),
                 }),
             }),
-            trimming: Line(CollectiveMutex::new()),
+            trim: Line(ArenaTrim {
+                lock: CollectiveMutex::new(),
+                harvest: HarvestCount::new(),
+            }),
         }
     }
 
@@ -165,6 +179,12 @@ impl Arena {
     #[inline(always)]
     pub(crate) fn kind(&self, kind: BinKind) -> &KindState {
         &self.kinds[kind.index()]
+    }
+
+    /// Count an event after which a trim may find something to give back (INV(UA17)).
+    #[inline(always)]
+    pub(crate) fn harvest(&self) -> &HarvestCount {
+        &self.trim.0.harvest
     }
 
     /// Chunks this arena owns (a snapshot).

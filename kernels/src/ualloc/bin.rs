@@ -102,8 +102,10 @@ pub enum Claim {
     /// Slots `64 * word + i` for each bit `i` of `bits` are the caller's. `resync`: the count
     /// crossed "full" (the caller must reconcile the bin's listing, INV(UA7)).
     Got { word: u32, bits: u64, resync: bool },
-    /// No free bit was found in one pass over the words. `resync` as for `Got`.
-    NoneFree { resync: bool },
+    /// No free bit was found in one pass over the words. `resync` as for `Got`. `emptied`:
+    /// giving back the count left the bin with no slot taken (the caller counts it for the
+    /// trims, INV(UA17)).
+    NoneFree { resync: bool, emptied: bool },
     /// The bin is retired (or being); nothing was taken.
     Retired,
 }
@@ -290,7 +292,10 @@ impl BinHeader {
                 return Claim::Retired;
             }
             if used >= slots {
-                return Claim::NoneFree { resync: false };
+                return Claim::NoneFree {
+                    resync: false,
+                    emptied: false,
+                };
             }
             need = need.min(slots - used);
         }
@@ -326,16 +331,18 @@ impl BinHeader {
         }
         let (word, bits) = got;
         let back = need - bits.count_ones();
+        let mut emptied = false;
         if back > 0 {
             // The count of what we did not get goes back (its slots are someone else's or do
             // not exist); the cursor keeps its move, and slots it passed are found by scans.
             let was = self.used.fetch_sub_relaxed(back as u64) as u32 & USED_COUNT_MASK;
             resync |= was >= slots && was - back < slots;
+            emptied = was == back;
         }
         if bits != 0 {
             Claim::Got { word, bits, resync }
         } else {
-            Claim::NoneFree { resync }
+            Claim::NoneFree { resync, emptied }
         }
     }
 
@@ -564,8 +571,8 @@ mod tests {
                     got += bits.count_ones();
                     assert_eq!(resync, got == class.slots());
                 }
-                Claim::NoneFree { resync } => {
-                    assert!(!resync);
+                Claim::NoneFree { resync, emptied } => {
+                    assert!(!resync && !emptied);
                     break;
                 }
                 Claim::Retired => unreachable!(),
@@ -631,7 +638,10 @@ mod tests {
         assert_eq!(got(b.claim_from(class, 0, 0, 64)), (2, 0xFFF << 4));
         assert_eq!(
             b.claim_from(class, 0, 0, 1),
-            Claim::NoneFree { resync: false }
+            Claim::NoneFree {
+                resync: false,
+                emptied: false
+            }
         );
         assert_eq!(b.used_word(), 256);
         assert_eq!(b.taken_slots(class), 256);

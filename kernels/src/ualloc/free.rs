@@ -121,17 +121,18 @@ fn word_key(bin: &BinHeader, slot: u32) -> u64 {
 }
 
 /// The leader's part of a group free: clear `bits` (slots of `word` of `bin`, some of which
-/// may already be free) and account for those that were taken. Returns the old bitmap word:
-/// a lane's slot was freed by this call iff its bit is set in it. Called inside a read section
-/// of `arena`; the caller then gives the freed slots' units back with [`give_units`] after it
-/// left the section (so the section's closing fence does not wait for that add).
+/// may already be free) and account for those that were taken. Returns the old bitmap word
+/// (a lane's slot was freed by this call iff its bit is set in it) and whether the release
+/// left the bin with no slot taken. Called inside a read section of `arena`; the caller then
+/// gives the freed slots' units back with [`give_units`] after it left the section (so the
+/// section's closing fence does not wait for that add).
 pub(crate) fn release_bits(
     arena: &Arena,
     class: SizeClass,
     bin: &BinHeader,
     word: u32,
     bits: u64,
-) -> u64 {
+) -> (u64, bool) {
     // Fenced: inside a read section entered after the blocks' last writes (its entry's fence
     // makes this `fetch_and` a release of them; rcu.rs).
     let r = bin.release_many_fenced(class, word, bits);
@@ -140,18 +141,23 @@ pub(crate) fn release_bits(
         // walker needs the units released below: no mutex here (alloc.rs).
         note_not_full(arena, class, bin);
     }
-    r.old
+    (r.old, r.left == 0 && r.old & bits != 0)
 }
 
 /// Give the units of the slots of `bits` that `old` (from [`release_bits`]) shows taken back
-/// to the class's semaphore. Outside the read section is fine: until the units are back, a
-/// trim cannot take the bin's units and so does not retire it.
-pub(crate) fn give_units(arena: &Arena, class: SizeClass, old: u64, bits: u64) {
+/// to the class's semaphore, and count a bin the release left `emptied` for the trims
+/// (INV(UA17)). Outside the read section, after its closing fence: until the units are back,
+/// a trim cannot take the bin's units and so does not retire it; and the fence makes the
+/// count a release of the emptying.
+pub(crate) fn give_units(arena: &Arena, class: SizeClass, old: u64, bits: u64, emptied: bool) {
     let n = (old & bits).count_ones();
     if n > 0 {
         // Relaxed: the bits were published by the release `fetch_and`; a claimer that takes
         // these units acquires them with its `fetch_or` (INV(UA2) holds: the bin is listed).
         arena.class(class).slots.0.release_relaxed(n);
+    }
+    if emptied {
+        arena.harvest().note_fenced();
     }
 }
 
@@ -216,9 +222,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         };
         let word = at.slot / WORD_BITS as u32;
         let bit = 1u64 << (at.slot % WORD_BITS as u32);
-        let old = release_bits(arena, at.class, at.bin, word, bit);
+        let (old, emptied) = release_bits(arena, at.class, at.bin, word, bit);
         drop(reader);
-        give_units(arena, at.class, old, bit);
+        give_units(arena, at.class, old, bit, emptied);
         if old & bit != 0 {
             FreeOutcome::Freed(at.class)
         } else {
@@ -315,15 +321,15 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // SAFETY: `bin` was located inside the read section; valid until it ends.
         let (bin, class) = (unsafe { &*bin }, SizeClass::from_index(class as usize));
         let class = class.expect("a located slot has a class");
-        let old = match (&reader, arena) {
+        let (old, emptied) = match (&reader, arena) {
             (Some(_), Some(a)) => release_bits(a, class, bin, slot / WORD_BITS as u32, bits),
-            _ => 0,
+            _ => (0, false),
         };
         // The leader leaves the section, then gives the units back.
         let leader_arena = if reader.is_some() { arena } else { None };
         drop(reader);
         if let Some(a) = leader_arena {
-            give_units(a, class, old, bits);
+            give_units(a, class, old, bits, emptied);
         }
         let old = group.broadcast_u64(old);
         group.sync();
@@ -403,9 +409,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     bits |= 1u64 << (m.slot % WORD_BITS as u32);
                 }
             }
-            let old = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
+            let (old, emptied) = release_bits(arena, class, bin, slot / WORD_BITS as u32, bits);
             drop(reader);
-            give_units(arena, class, old, bits);
+            give_units(arena, class, old, bits, emptied);
             let mut seen = 0u64;
             for &(j, s) in &members[..k] {
                 done[j] = true;

@@ -49,17 +49,18 @@ pub mod layout;
 pub mod pending;
 
 mod alloc;
+mod exhaust;
 mod free;
 mod refill;
 mod steal;
 mod validate;
 
-use crate::collective::SingleFlight;
 use crate::rcu::RcuHead;
 use crate::size_class::SizeClass;
 
 pub use crate::size_class::MAX_SMALL_SIZE;
 pub use arena::Arena;
+pub use exhaust::{HarvestCount, TrimGate};
 pub use layout::{CHUNK_SHIFT, CHUNK_SIZE, PAGE_SHIFT, PAGE_SIZE};
 pub(crate) use refill::OOM_RETRIES;
 
@@ -111,8 +112,9 @@ pub struct UAlloc<'a, S: ChunkSource> {
     arenas: &'a [Arena],
     source: S,
     /// Shared by every view of one heap: one [`trim`](Self::trim) walks the arenas at a time,
-    /// and callers meanwhile share its result ([`SingleFlight`]). `None`: each caller walks.
-    trim_gate: Option<&'a SingleFlight>,
+    /// callers meanwhile share its result, and refills skip a trim that cannot help
+    /// (INV(UA17)). `None`: each caller walks, and every refill that finds nothing trims.
+    trim_gate: Option<&'a TrimGate>,
 }
 
 /// Passes in [`alloc::ListClaimer`] before a walk of the bin list starts over: bounds the
@@ -137,7 +139,7 @@ impl<'a, S: ChunkSource> UAlloc<'a, S> {
 
     /// This view with `gate` in front of [`trim`](Self::trim): the heap gives every view the
     /// same gate (`HeapHeader::trim_gate`).
-    pub fn with_trim_gate(self, gate: &'a SingleFlight) -> Self {
+    pub fn with_trim_gate(self, gate: &'a TrimGate) -> Self {
         Self {
             trim_gate: Some(gate),
             ..self

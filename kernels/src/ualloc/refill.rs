@@ -75,7 +75,14 @@ fn retire_empty_bins(arena: &Arena, class: SizeClass) -> u32 {
         // Acquire: pairs with the release stores that linked the next bin. An unlinked bin
         // keeps its `next`, so the walk goes on after a retirement.
         at = bin.next.load_acquire();
-        if bin.used_word() != 0 || !slots.try_wait(class.slots()) {
+        if bin.used_word() != 0 {
+            continue;
+        }
+        if !slots.try_wait(class.slots()) {
+            // Empty, but some of its units are out (with a waiter about to claim, or in a
+            // deduction given back at once, INV(SEM3)): left for the next trim, which a refill
+            // must then not skip (INV(UA17)).
+            arena.harvest().note();
             continue;
         }
         if bin.try_retire() {
@@ -139,6 +146,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             (0, 0)
         };
         let mut joined = 0;
+        // The harvest epoch read before our last trim (INV(UA17)).
+        let mut trimmed_at = None;
         while taken.1 == 0 {
             taken = self.take_bins(ai, kind, want);
             if taken.1 > 0 {
@@ -160,8 +169,22 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             // Out of chunks. Empty bins of other classes, and bins and chunks on their way
             // back, may be what is missing: give them back and try again before failing.
-            let progress = retries < OOM_RETRIES && self.trim() > 0;
+            // Unless a trim has found nothing to help since the last event that could give it
+            // something (INV(UA17)): then ours would find nothing either.
+            let mut progress = false;
+            if retries < OOM_RETRIES {
+                let (epoch, futile) = self.harvest_epoch();
+                if futile {
+                    slots.retract(promised);
+                    return None;
+                }
+                trimmed_at = Some(epoch);
+                progress = self.trim() > 0;
+            }
             if !progress && retries > 0 || retries == OOM_RETRIES {
+                if let (Some(gate), Some(epoch)) = (self.trim_gate, trimmed_at) {
+                    gate.record(epoch);
+                }
                 slots.retract(promised);
                 return None;
             }
@@ -227,8 +250,19 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[inline(never)]
     pub fn trim(&self) -> u32 {
         match self.trim_gate {
-            Some(gate) => gate.run_or_join(|| self.trim_arenas()),
+            Some(gate) => gate.run.run_or_join(|| self.trim_arenas()),
             None => self.trim_arenas(),
+        }
+    }
+
+    /// The harvest epoch (INV(UA17)), and whether a trim is futile in it (`TrimGate::epoch`).
+    /// Without a trim gate, never.
+    #[cold]
+    #[inline(never)]
+    fn harvest_epoch(&self) -> (u64, bool) {
+        match self.trim_gate {
+            Some(gate) => gate.epoch(self.arenas.iter().map(|a| a.harvest())),
+            None => (0, false),
         }
     }
 
@@ -237,11 +271,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     fn trim_arenas(&self) -> u32 {
         let mut done = 0;
         for arena in self.arenas {
-            if !arena.trimming.0.try_acquire(1) {
+            if !arena.trim.0.lock.try_acquire(1) {
                 // Another thread is trimming this arena: wait for it (its returns are what a
                 // caller out of memory is waiting for) and count that as progress.
-                arena.trimming.0.lock_single();
-                arena.trimming.0.unlock();
+                arena.trim.0.lock.lock_single();
+                arena.trim.0.lock.unlock();
                 done += 1;
                 continue;
             }
@@ -254,7 +288,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 arena.rcu.barrier(|head| self.run_callback(head));
                 done += 1;
             }
-            arena.trimming.0.unlock();
+            arena.trim.0.lock.unlock();
         }
         // Spares that no arena adopted are memory nobody uses (INV(UA14)).
         done += self.give_back_spares();
@@ -262,9 +296,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // above may have emptied its chunk, whose return is queued in the chunk's arena,
         // which the loop may have passed already. Chunk returns queue nothing more.
         for arena in self.arenas {
-            if !arena.rcu.is_idle() && arena.trimming.0.try_acquire(1) {
+            if !arena.rcu.is_idle() && arena.trim.0.lock.try_acquire(1) {
                 arena.rcu.barrier(|head| self.run_callback(head));
-                arena.trimming.0.unlock();
+                arena.trim.0.lock.unlock();
                 done += 1;
             }
         }
