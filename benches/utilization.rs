@@ -10,7 +10,9 @@
 //! One row per round: size = the sizes' label, threads = requests, state = the heap's label,
 //! metric `utilization`, ms = the utilization fraction (as in `e_fill_utilization`), failed =
 //! null results. No criterion timing: `cargo bench --bench utilization` runs the cells once.
-//! `TOGA_BENCH_UTIL_HEAPS=8MiB,64MiB` runs only the heaps named.
+//! `TOGA_BENCH_UTIL_HEAPS=8MiB,64MiB` runs only the heaps named, `TOGA_BENCH_UTIL_SIZES=256,mixed
+//! 16-4096` only the sizes named (the CSV's labels), and `TOGA_BENCH_UTIL_TRACE=1` prints a
+//! line before each fill and after each check-and-free (to see where a slow cell spends it).
 
 mod common;
 
@@ -37,6 +39,17 @@ const MIN_REQUESTS: u64 = 64;
 const MAX_REQUESTS: u64 = 1 << 27;
 /// Picks heaps by label (comma-separated).
 const HEAPS_ENV: &str = "TOGA_BENCH_UTIL_HEAPS";
+/// Picks sizes by label (comma-separated).
+const SIZES_ENV: &str = "TOGA_BENCH_UTIL_SIZES";
+/// Any value: a line per round and kernel.
+const TRACE_ENV: &str = "TOGA_BENCH_UTIL_TRACE";
+
+/// The comma-separated labels in `var`, if it is set.
+fn picked(var: &str) -> Option<Vec<String>> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+}
 
 /// Request sizes of one cell.
 #[derive(Clone, Copy)]
@@ -81,9 +94,8 @@ fn main() {
     let Some(gpu) = common::gpu(1 << 10, 16) else {
         return;
     };
-    let picked: Option<Vec<String>> = std::env::var(HEAPS_ENV)
-        .ok()
-        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    let picked_heaps = picked(HEAPS_ENV);
+    let picked_sizes = picked(SIZES_ENV);
     let stream = gpu.default_stream();
     let w = Workloads::new(&gpu).expect("workload kernels");
     let mut csv = common::Csv::new(SCENARIO, &gpu);
@@ -93,7 +105,7 @@ fn main() {
         .chain(MIXED.map(|(lo, hi)| Sizes::Mixed(lo, hi)))
         .collect();
     for (heap_label, heap_bytes) in HEAPS {
-        if picked
+        if picked_heaps
             .as_ref()
             .is_some_and(|p| !p.iter().any(|l| l == heap_label))
         {
@@ -109,6 +121,12 @@ fn main() {
             continue;
         }
         for sizes in &all_sizes {
+            if picked_sizes
+                .as_ref()
+                .is_some_and(|p| !p.iter().any(|l| *l == sizes.label()))
+            {
+                continue;
+            }
             cell(&gpu, &stream, &w, &mut csv, heap_label, heap_bytes, *sizes);
         }
     }
@@ -134,8 +152,12 @@ fn cell(
     let d_sizes = stream.clone_htod(&host_sizes).expect("sizes");
     let mut ptrs = stream.alloc_zeros::<u64>(n as usize).expect("pointers");
     let (mut percent, mut requested, mut fill_ms) = (Vec::new(), Vec::new(), 0f32);
+    let trace = std::env::var_os(TRACE_ENV).is_some();
     for round in 0..ROUNDS {
         let tag = round as u32;
+        if trace {
+            eprintln!("{SCENARIO} {heap_label}, {label}, round {round}: fill starts");
+        }
         let ms = toga_harness::time_ms(stream, || {
             w.alloc_fill(stream, &heap, &mut ptrs, &d_sizes, tag)
         })
@@ -171,9 +193,22 @@ fn cell(
             );
         }
         requested.push(format!("{:.1}", asked as f64 / capacity as f64 * 100.0));
+        if trace {
+            eprintln!(
+                "{SCENARIO} {heap_label}, {label}, round {round}: fill {ms:.2} ms, {failed} \
+                 nulls; check-and-free starts"
+            );
+        }
         let mut errors = stream.alloc_zeros::<u64>(2).expect("error words");
-        w.check_free(stream, &heap, &ptrs, &d_sizes, tag, true, &mut errors)
-            .expect("check-and-free kernel");
+        let free_ms = toga_harness::time_ms(stream, || {
+            w.check_free(stream, &heap, &ptrs, &d_sizes, tag, true, &mut errors)
+        })
+        .expect("check-and-free kernel");
+        if trace {
+            eprintln!(
+                "{SCENARIO} {heap_label}, {label}, round {round}: check-and-free {free_ms:.2} ms"
+            );
+        }
         let bad = stream.clone_dtoh(&errors).expect("error words back")[0];
         assert_eq!(
             bad, 0,
