@@ -181,7 +181,8 @@ impl Arena {
         &self.kinds[kind.index()]
     }
 
-    /// Count an event after which a trim may find something to give back (INV(UA17)).
+    /// The arena's count of events after which a trim may find something to give back
+    /// (INV(UA17)).
     #[inline(always)]
     pub(crate) fn harvest(&self) -> &HarvestCount {
         &self.trim.0.harvest

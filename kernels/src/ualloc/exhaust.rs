@@ -102,13 +102,11 @@ impl TrimGate {
     /// started after that read, INV(SF1)), and then the refill found no memory.
     #[cold]
     pub fn record(&self, epoch: u64) {
-        // Release: see `recorded`. A racing refill may store an older epoch over a newer one:
+        // Release: pairs with the acquire in `epoch`. A racing refill may store an older epoch over a newer one:
         // that only makes the next refills trim.
         self.exhausted.store_release(epoch + 1);
     }
-}
 
-impl TrimGate {
     /// Trims run through this gate so far (wrapping; statistics and tests).
     pub fn trims(&self) -> u32 {
         self.run.runs()
