@@ -5,11 +5,12 @@
 # LIMIT seconds per run (default 120). TOGA_BENCH_UTIL_HEAPS=8MiB,64MiB limits the utilization
 # bench's heaps. CSVs and logs to $OUT/ab-benches.tar.gz, one folder per PTX and round; the
 # summary lines (criterion's medians, utilization per round) on stdout.
+. scripts/variants.inc
 b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
 work=$(mktemp -d)
 for r in $(seq 1 "${ROUNDS:-1}"); do
-  for p in "$b"/ptx/*.ptx; do
-    v=$(basename "$p" .ptx); d=$work/$v-$r; mkdir -p "$d"
+  for p in $(variants "$b"); do
+    v=$(variant "$p"); d=$work/$v-$r; mkdir -p "$d"
     for name in ${BENCHES:-warm_launch utilization}; do
       s=$SECONDS
       TOGA_PTX_FILE=$PWD/$p TOGA_BENCH_CSV_DIR=$d timeout -s KILL "${LIMIT:-120}" \

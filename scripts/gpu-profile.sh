@@ -3,10 +3,11 @@
 # PTX build in bundle/ptx/ (same host binary, TOGA_PTX_FILE) and for an older bundle in
 # bundle/old/ if present (its own host and PTX), then ncu (`--set full`) on toga_malloc and
 # toga_free at 16 B and 4 KB. Logs and ncu reports go to $OUT.
+. scripts/variants.inc
 b=${BUNDLE:-bundle}; out=${OUT:-$b/logs}; mkdir -p "$out"
 ncu=${NCU:-/usr/local/cuda/bin/ncu}
-for p in "$b"/ptx/*.ptx; do
-  v=$(basename "$p" .ptx); echo "=== bench $v"
+for p in $(variants "$b"); do
+  v=$(variant "$p"); echo "=== bench $v"
   TOGA_PTX_FILE=$p timeout -s KILL 100 "$b/host" bench --timeout 95 >"$out/bench-$v.log" 2>&1; echo "rc=$?"
   grep -E "^ +[0-9]+ " "$out/bench-$v.log"
 done

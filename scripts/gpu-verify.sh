@@ -6,6 +6,7 @@
 # heap_gpu tests and on a small `host` run. Logs to $OUT/v/, a summary on stdout.
 # PLATFORM=1 adds platform_gpu (litmus tests of the atomics, about 100 s). AB=0, TESTS=0 and
 # SANITIZE=0 skip a part (to split the work over two calls of at most 10 minutes).
+. scripts/variants.inc
 b=${BUNDLE:-bundle}; L=${OUT:-$b/logs}/v; mkdir -p "$L"
 san=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 export TOGA_HOST_BIN=$PWD/$b/host
@@ -17,16 +18,19 @@ t() { # name limit command...: run, then print rc, seconds and the test summarie
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$L/gpu.txt"
 [ "${AB:-1}" = 1 ] && for r in $(seq 1 "${ROUNDS:-2}"); do
-  for p in "$b"/ptx/*.ptx; do
-    v=$(basename "$p" .ptx)
+  for p in $(variants "$b"); do
+    v=$(variant "$p")
     t "ab-$v-$r" 90 env TOGA_PTX_FILE="$p" "$b/host" bench --timeout 85
   done
 done
-[ "${AB:-1}" = 1 ] && for p in "$b"/ptx/*.ptx; do
-  v=$(basename "$p" .ptx); echo "##### $v (size, fresh, warm, free, ... per round)"
+[ "${AB:-1}" = 1 ] && for p in $(variants "$b"); do
+  v=$(variant "$p"); echo "##### $v (size, fresh, warm, free, ... per round)"
   grep -hE "^ +[0-9]+ " "$L"/ab-"$v"-*.log
 done
 tests=$b/tests
+# The harness build as a cubin (scripts/cubins): the tests, `host` and the sanitizer runs skip
+# the driver's compilation of its PTX. toga's own PTX (the library's) is still compiled there.
+[ -e "$b/toga_kernels.cubin" ] && export TOGA_PTX_FILE=$PWD/$b/toga_kernels.cubin
 if [ "${TESTS:-1}" = 1 ]; then
 [ "${PLATFORM:-0}" = 1 ] && t platform 150 "$tests/platform_gpu" --test-threads=1 --include-ignored
 t heap 200 "$tests/heap_gpu" --test-threads=1 --include-ignored

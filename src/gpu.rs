@@ -79,7 +79,14 @@ impl Gpu {
     /// Load `ptx` into a context the caller already has (for example one whose limits it set
     /// before any module loaded). toga's heaps and kernels then share that context.
     pub fn with_context(ctx: Arc<CudaContext>, ptx: &str) -> Result<Self> {
-        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        Self::with_image(ctx, Ptx::from_src(ptx))
+    }
+
+    /// [`Gpu::with_context`] for any image the driver loads: PTX text (`Ptx::from_src`), which
+    /// it compiles for the device first, or a cubin already compiled for it
+    /// (`Ptx::from_binary`), which skips that compilation.
+    pub fn with_image(ctx: Arc<CudaContext>, image: Ptx) -> Result<Self> {
+        let module = ctx.load_module(image)?;
         let attr = |a| ctx.attribute(a);
         use sys::CUdevice_attribute as A;
         let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
