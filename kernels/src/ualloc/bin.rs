@@ -36,8 +36,13 @@ use crate::rcu::RcuHead;
 use crate::size_class::SizeClass;
 use crate::ualloc::layout::{BITMAP_WORDS, WORD_BITS};
 
-/// `used` bits that count claimed slots.
-pub const USED_COUNT_MASK: u32 = (1 << 12) - 1;
+/// `used` bits that count claimed slots. Wide enough for a bin's slots plus the counts that
+/// claimers add for a moment before they give back what they did not get (`claim_from`):
+/// every resident thread of the GPU may be one such claimer on the same bin. With 12 bits,
+/// 116 claimers of 32 on a full bin of 400 slots carried into the flag bits: the bin then read
+/// as retired, `sync_listing` unlinked it, and the give-backs' crossing test, made on the
+/// masked count, missed its return below "full", so its free slots were never listed again.
+pub const USED_COUNT_MASK: u32 = (1 << 20) - 1;
 /// `used` flag: the bin is retired (INV(UA4)). Any bit outside [`USED_COUNT_MASK`] makes the
 /// bin unclaimable: a release that races a retirement can transiently borrow into them.
 pub const USED_RETIRED: u32 = 1 << 31;
@@ -50,7 +55,14 @@ const CURSOR_SHIFT: u32 = 32;
 /// Classes with fewer slots per bin than this look at `used` before they count (`claim_from`).
 const FEW_SLOTS: u32 = WORD_BITS as u32;
 
-const _: () = assert!(crate::ualloc::layout::MAX_SLOTS as u32 <= USED_COUNT_MASK);
+// INV(UA3): the count never carries into the flags. It is at most a bin's slots plus what the
+// claimers in flight have added, one unit per thread that may claim: every thread resident on
+// the GPU, which the TBuddy semaphores' R field bounds too (INV(SEM2), below 2^19).
+const _: () = assert!(
+    crate::ualloc::layout::MAX_SLOTS as u32
+        + crate::bulk_semaphore::Fields::<crate::bulk_semaphore::Global>::MAX_RESERVED
+        <= USED_COUNT_MASK
+);
 const _: () = assert!(USED_RETIRED & USED_COUNT_MASK == 0);
 
 /// The header of a bin (see the module doc). Lives at the bin's first byte.
@@ -652,6 +664,32 @@ mod tests {
         }
         assert_eq!(b.used_word(), 0);
         assert_eq!(got(b.claim_from(class, 2, 32, 16)), (0, 0xFFFF));
+    }
+
+    /// INV(UA3): counts that claimers add for a moment on a full bin stay in the count field,
+    /// however many claim at once: the bin never reads as retired and a claim finds it full.
+    /// With a 12-bit count, 116 claimers of 32 on this 400-slot bin made it read as retired.
+    #[test]
+    fn claimers_in_flight_never_make_a_full_bin_read_as_retired() {
+        let b = BinHeader::new();
+        let class = c(256);
+        b.init(class, class.slots());
+        // Every warp an H100 can hold (132 SMs × 64), each a claimer of 32 between its count
+        // and its give-back.
+        let in_flight = 132 * 64 * 32;
+        b.used.fetch_add_relaxed(in_flight);
+        assert!(!b.is_retired());
+        assert_eq!(b.used_count(), class.slots() + in_flight as u32);
+        assert_eq!(
+            b.claim(class, 0, 32),
+            Claim::NoneFree {
+                resync: false,
+                emptied: false
+            }
+        );
+        b.used.fetch_sub_relaxed(in_flight);
+        assert_eq!(b.used_count(), class.slots());
+        assert!(!b.try_retire());
     }
 
     #[test]
