@@ -56,12 +56,7 @@ use crate::ualloc::refill::nth_free_bin;
 use crate::ualloc::{ChunkSource, UAlloc};
 
 /// Below this many chunks per arena left in the source, refills go to a class's home first
-/// (INV(UA16)); a heap whose source could never hold that many is small, and always scarce.
-/// A heap that is not small turns scarce below one chunk per arena instead: all SMs' refills
-/// of a class then go through its home's gate one run at a time, and from four chunks per
-/// arena on (a quarter of a 1 GiB heap) that queue made the kernel that filled it slow:
-/// 2^18 mallocs of 4 KB filling 1 GiB took 107–114 ms, 32–33 ms from one chunk per arena on
-/// (H100; the mixed 16 B – 64 KiB fill then serves 95.8% of the heap instead of 99.8%).
+/// (INV(UA16)).
 pub(crate) const HOME_CHUNKS_PER_ARENA: usize = 4;
 
 /// How often a refill looks for slots at the home before it carves a bin of its own: each look
@@ -86,13 +81,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// [`scarce`](Self::scarce) for a `chunks_left` the caller has read already.
     #[inline(always)]
     pub(crate) fn scarce_with(&self, chunks_left: usize) -> bool {
-        // Plain loads of the geometry (`small_heap`).
-        let per_arena = if self.small_heap() {
-            HOME_CHUNKS_PER_ARENA
-        } else {
-            1
-        };
-        chunks_left < self.arenas.len() * per_arena
+        chunks_left < self.arenas.len() * HOME_CHUNKS_PER_ARENA
     }
 
     /// Whether the source could never hold [`HOME_CHUNKS_PER_ARENA`] chunks per arena: a
