@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The 64 MiB 256 B utilization cell, several runs per PTX build, to tell whether a build stalls
-# (from the repository root, after scripts/bundle and bundle/ptx/*.ptx, and scripts/cubins
-# if it can). Each PTX's (not cubin's) first
-# process only pays the JIT (a process killed inside it caches nothing, so later runs would
-# pay it again); then RUNS runs of the cell, alternating builds, each killed after LIMIT s.
+# (from the repository root, after scripts/bundle, bundle/ptx/*.ptx and, where it can,
+# scripts/cubins). A build without a cubin first runs one process that only pays the JIT (a
+# process killed inside it caches nothing, so later runs would pay it again); then RUNS runs
+# of the cell, alternating builds, each killed after LIMIT s.
 # TOGA_BENCH_UTIL_TRACE prints each round's fill and check-and-free, so a stalled run shows
 # which kernel it stopped in. Logs to $OUT/stall/, a summary on stdout.
 . scripts/variants.inc
