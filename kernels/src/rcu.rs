@@ -8,9 +8,9 @@
 //! ```text
 //!   readers (most threads)                 writers (few)
 //!   ───────────────────────                ───────────────────────────────────────────
-//!   e = epoch                              unlink node (under the structure's own mutex)
-//!   readers[e & 1] += 1                    call_rcu(node)      → queue ─┐
-//!   re-read epoch (an RMW): still e?       barrier_conditional(run)     │
+//!   e = epoch (a load)                     unlink node (under the structure's own mutex)
+//!   readers[e & 1] += 1, reading the       call_rcu(node)      → queue ─┐
+//!     epoch (one RMW): still e & 1?        barrier_conditional(run)     │
 //!     no → readers[e & 1] -= 1, retry        owner?  ── no: return (PENDING tells the owner)
 //!   ... walk the structure ...               yes: take the queue ◄──────┘
 //!   readers[e & 1] -= 1                           epoch += 1
@@ -26,15 +26,22 @@
 //! `PENDING` with an RMW, and the owner clears `RUNNING` only with a CAS that fails while
 //! `PENDING` is set, so no callback is ever left behind (INV(RCU3)).
 //!
-//! # Orderings (INV(RCU1), INV(RCU2))
-//! The store-buffering pattern between a reader (count, then epoch) and the owner (epoch,
-//! then count) is closed with read-modify-writes instead of `fence.sc`: the reader re-reads
-//! the epoch with `fetch_add(0)` and the owner bumps it with `fetch_add(1)`, both acq_rel.
-//! RMWs on one word are totally ordered and each reads the newest value, so either the
-//! reader's RMW comes first (its count increment then happens before the owner's count load,
-//! which waits for it) or the owner's comes first (the reader sees the new epoch and retries,
-//! or it had read the new epoch already and every unlink queued before the bump is visible to
-//! it). This needs no sequentially consistent fence, so loom checks it exactly.
+//! # One word for the epoch and both counts (INV(RCU1), INV(RCU2))
+//! The epoch and the two reader counts share one 64-bit word (`state`, layout below), so a
+//! reader enters with one load (a guess of the parity) and one acquire RMW that both counts
+//! itself and reads the epoch it counted in; the owner bumps the epoch with an RMW on the same
+//! word. RMWs on one word are totally ordered and each reads the newest value, so either the
+//! reader's add comes first (the owner's bump then includes the count, and its wait sees it) or
+//! the owner's bump does (the reader's acquire reads the bump or later, so every unlink queued
+//! before the bump is visible to it, or it counted in the wrong parity and enters again). No
+//! fence on the entry: a walk costs one MEMBAR fewer than with separate words, which needed a
+//! fence between the count and the epoch re-read. Callers that must also release their earlier
+//! writes (`free`) enter with [`Srcu::read_lock_fenced`].
+//!
+//! ```text
+//!   state: │ epoch (8 bits, wraps) │ readers, odd epochs (28) │ readers, even epochs (28) │
+//!          63                    56 55                      28 27                        0
+//! ```
 //!
 //! # Rules for callers
 //! - Never call a barrier from inside a read section of the same `Srcu` (it would wait for
@@ -96,13 +103,34 @@ pub enum Barrier {
     Idle,
 }
 
-/// An SRCU domain (see the module doc). 512 B; zeroed memory is a valid idle domain.
+/// Bits of `state` per reader count.
+const COUNT_BITS: u32 = 28;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// Where the epoch sits in `state`: the top 8 bits, so that a bump that wraps carries out of
+/// the word and never into a count.
+const EPOCH_SHIFT: u32 = 56;
+
+// A count never carries into the next field: at most every thread resident on the GPU is
+// inside (which the TBuddy semaphores' R field bounds, INV(SEM2)), plus one stale entry each
+// that is about to be taken back (`read_lock`).
+const _: () = assert!(
+    2 * crate::bulk_semaphore::Fields::<crate::bulk_semaphore::Global>::MAX_RESERVED as u64
+        <= COUNT_MASK
+);
+const _: () = assert!(2 * COUNT_BITS <= EPOCH_SHIFT);
+
+/// The `state` unit of one reader of `parity`.
+#[inline(always)]
+fn unit(parity: usize) -> u64 {
+    1 << (COUNT_BITS * parity as u32)
+}
+
+/// An SRCU domain (see the module doc). 256 B; zeroed memory is a valid idle domain.
 #[repr(C)]
 pub struct Srcu {
-    /// The epoch; only the owner bumps it (INV(RCU2)).
-    epoch: Line<Atomic32>,
-    /// Readers inside, by the parity of the epoch they entered in (INV(RCU1)).
-    readers: [Line<Atomic32>; 2],
+    /// The epoch and the readers inside by the parity of the epoch they entered in (module
+    /// doc); only the owner bumps the epoch (INV(RCU1), INV(RCU2)).
+    state: Line<Atomic64>,
     writers: Line<Writers>,
 }
 
@@ -122,7 +150,8 @@ impl Drop for SrcuReader<'_> {
         // one MEMBAR): it also releases the section's writes to whatever the thread writes
         // next, which `free` relies on for its count of an emptied bin (INV(UA17)).
         platform::fence_acq_rel();
-        self.srcu.readers[self.parity].0.fetch_sub_relaxed(1);
+        // Relaxed: ordered by the fence. Our own count is in the field, so no borrow.
+        self.srcu.state.0.fetch_sub_relaxed(unit(self.parity));
     }
 }
 
@@ -130,8 +159,7 @@ impl Srcu {
     /// An idle domain (all-zero).
     pub fn new() -> Self {
         Self {
-            epoch: Line(Atomic32::new(0)),
-            readers: [Line(Atomic32::new(0)), Line(Atomic32::new(0))],
+            state: Line(Atomic64::new(0)),
             writers: Line(Writers {
                 state: Atomic32::new(0),
                 queue: Atomic64::new(0),
@@ -140,34 +168,37 @@ impl Srcu {
     }
 
     /// Enter a read section: until the guard drops, no callback queued after anything this
-    /// section can still reach was unlinked runs (INV(RCU1)). Two RMWs on the common path.
+    /// section can still reach was unlinked runs (INV(RCU1)). One load and one RMW on the common
+    /// path, and no fence (module doc).
     #[inline]
     pub fn read_lock(&self) -> SrcuReader<'_> {
         // Relaxed: only a guess of the parity; the RMW below checks it.
-        let mut e = self.epoch.0.load_relaxed();
+        let mut e = self.state.0.load_relaxed() >> EPOCH_SHIFT;
         loop {
             let parity = (e & 1) as usize;
-            // Relaxed: the fence below keeps this increment before the epoch RMW.
-            self.readers[parity].0.fetch_add_relaxed(1);
-            // A full fence, then an RMW that reads the newest epoch (INV(RCU1)). The fence and
-            // the RMW are a release on the epoch, and the RMW is an acquire, so they pair with
-            // the owner's bump in `wait_for_readers` in both directions: our count is visible
-            // to an owner that bumps after us, and the section's reads come after a bump we
-            // see. The one MEMBAR of the entry (on the GPU it costs what an `acq_rel` RMW
-            // does). It is a fence rather than an `acq_rel` RMW because it also releases
-            // everything this thread wrote before the section to whatever the section then
-            // writes: `free` relies on it for the slots it gives back (`release_many_fenced`).
-            platform::fence_acq_rel();
-            let now = self.epoch.0.fetch_add_acquire(0);
-            if now == e {
+            // Acquire: the section's reads come after a bump this RMW reads (module doc). The
+            // count and the epoch it is checked against are one word, so no fence is needed
+            // to keep the count before the check.
+            let now = self.state.0.fetch_add_acquire(unit(parity)) >> EPOCH_SHIFT;
+            if (now ^ e) & 1 == 0 {
                 return SrcuReader { srcu: self, parity };
             }
-            // The epoch moved between our load and our count: the owner may have already
-            // checked this parity. Leave and enter again in the new epoch (release: pairs with
-            // the owner's acquire load of the count, as in `drop`).
-            self.readers[parity].0.fetch_sub_release(1);
+            // Counted in the parity of an epoch that has ended: the owner may have already
+            // checked it. Leave and enter again in the new one (release: pairs with the owner's
+            // acquire load of the count, as in `drop`).
+            self.state.0.fetch_sub_release(unit(parity));
             e = now;
         }
+    }
+
+    /// [`read_lock`](Self::read_lock) after a full fence: everything this thread wrote before
+    /// the section is also released to whatever the section then writes. `free` relies on it
+    /// for the slots it gives back (`release_many_fenced`): a claimer that sees the slot free
+    /// sees the block's last writes.
+    #[inline]
+    pub fn read_lock_fenced(&self) -> SrcuReader<'_> {
+        platform::fence_acq_rel();
+        self.read_lock()
     }
 
     /// Queue `head` for the next grace period and announce it (sets `PENDING`). The caller
@@ -260,27 +291,25 @@ impl Srcu {
 
     /// Start a new epoch and wait until no reader of the old one is inside (INV(RCU1)).
     fn wait_for_readers(&self) {
-        // Acq_rel RMW: pairs with the readers' epoch RMW in `read_lock` (module doc).
-        let old = self.epoch.0.fetch_add_acq_rel(1);
-        let count = &self.readers[(old & 1) as usize].0;
+        // Acq_rel RMW: pairs with the readers' RMW in `read_lock` (module doc).
+        let old = self.state.0.fetch_add_acq_rel(1 << EPOCH_SHIFT) >> EPOCH_SHIFT;
+        let shift = COUNT_BITS * (old & 1) as u32;
         let mut backoff = Backoff::new();
         // Acquire: pairs with the release decrement in `SrcuReader::drop`.
-        while count.load_acquire() != 0 {
+        while self.state.0.load_acquire() >> shift & COUNT_MASK != 0 {
             backoff.snooze();
         }
     }
 
-    /// The epoch (tests and statistics).
+    /// The epoch, modulo 256 (tests and statistics).
     pub fn epoch(&self) -> u32 {
-        self.epoch.0.load_relaxed()
+        (self.state.0.load_relaxed() >> EPOCH_SHIFT) as u32
     }
 
     /// Readers inside, by parity (tests and statistics).
     pub fn readers(&self) -> (u32, u32) {
-        (
-            self.readers[0].0.load_relaxed(),
-            self.readers[1].0.load_relaxed(),
-        )
+        let s = self.state.0.load_relaxed();
+        ((s & COUNT_MASK) as u32, (s >> COUNT_BITS & COUNT_MASK) as u32)
     }
 
     /// No owner running, nothing queued (a quiescent check for tests).
@@ -296,7 +325,7 @@ impl Default for Srcu {
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(core::mem::size_of::<Srcu>() == 4 * 128);
+const _: () = assert!(core::mem::size_of::<Srcu>() == 2 * 128);
 
 #[cfg(all(test, not(loom)))]
 mod tests {

@@ -292,9 +292,9 @@ impl Listing {
 }
 
 /// `free` clears its bits with an acquire `fetch_and` only (`release_many_fenced`): the fence
-/// of the read-section entry before it releases the owner's writes to the block. The next
-/// claimer of the slot reads what the owner wrote, with no race (a loom `UnsafeCell` stands
-/// for the block; without the entry's fence loom reports the race).
+/// of its read-section entry (`read_lock_fenced`) releases the owner's writes to the block.
+/// The next claimer of the slot reads what the owner wrote, with no race (a loom `UnsafeCell`
+/// stands for the block; with `read_lock`, which has no fence, loom reports the race).
 #[test]
 fn a_freed_block_s_writes_reach_its_next_claimer() {
     loom::model(|| {
@@ -306,7 +306,7 @@ fn a_freed_block_s_writes_reach_its_next_claimer() {
             thread::spawn(move || {
                 // SAFETY: the owner's block: no one else touches it until it is freed.
                 block.with_mut(|v| unsafe { *v = 7 });
-                let section = srcu.read_lock();
+                let section = srcu.read_lock_fenced();
                 let r = b.release_many_fenced(class(), 0, 1 << 3);
                 drop(section);
                 assert_ne!(r.old & 1 << 3, 0, "the block was live");
@@ -769,7 +769,7 @@ fn a_skipped_trim_never_leaves_an_emptied_bin() {
         let freer = {
             let (b, srcu, count) = (b.clone(), srcu.clone(), count.clone());
             thread::spawn(move || {
-                let reader = srcu.read_lock();
+                let reader = srcu.read_lock_fenced();
                 let r = b.release_many_fenced(class(), 0, 1);
                 drop(reader);
                 if r.left == 0 {

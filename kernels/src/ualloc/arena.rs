@@ -3,9 +3,9 @@
 //! ```text
 //!  Arena (repr(C), every hot word on its own 128 B line)
 //!  ┌──────────────┬─────────────────────────────────┬─────────────────────────────────────┐
-//!  │ Srcu (512 B) │ per class × 8:                  │ per kind × 2:                       │
-//!  │ epoch,       │  slots: BulkSemaphore  (line)   │  bins: BulkSemaphore       (line)   │
-//!  │ readers × 2, │  list: head + mutex    (line)   │  chunks: partial, all, mutex (line) │
+//!  │ Srcu (256 B) │ per class × 8:                  │ per kind × 2:                       │
+//!  │ epoch and    │  slots: BulkSemaphore  (line)   │  bins: BulkSemaphore       (line)   │
+//!  │ readers,     │  list: head + mutex    (line)   │  chunks: partial, all, mutex (line) │
 //!  │ queue        │                                 │                                     │
 //!  └──────────────┴─────────────────────────────────┴─────────────────────────────────────┘
 //!  slots semaphore C = free slots in the class's listed bins (INV(UA2))
@@ -137,7 +137,7 @@ const _: () = {
 
 #[cfg(not(loom))]
 const _: () =
-    assert!(core::mem::size_of::<Arena>() == (4 + 2 * NUM_CLASSES + 2 * NUM_KINDS + 1) * 128);
+    assert!(core::mem::size_of::<Arena>() == (2 + 2 * NUM_CLASSES + 2 * NUM_KINDS + 1) * 128);
 
 impl Arena {
     /// An empty arena (equal to all-zero memory).

@@ -214,7 +214,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
         let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
         // The entry's fence also releases the caller's writes to the block (free_bits).
-        let reader = arena.rcu.read_lock();
+        let reader = arena.rcu.read_lock_fenced();
         // INV(UA8)/INV(UA12)/INV(RCU1): re-checked inside the read section, the bin stays
         // carved by this arena (and its chunk UAlloc's) until we leave it.
         let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
@@ -255,7 +255,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // whose fence releases them to the next claimers (release_bits).
         group.sync();
         let reader = match (group.is_leader(), arena) {
-            (true, Some(a)) => Some(a.rcu.read_lock()),
+            (true, Some(a)) => Some(a.rcu.read_lock_fenced()),
             _ => None,
         };
         // Inside the leader's read section (the barrier orders it before the members' reads),
@@ -381,7 +381,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 continue;
             };
             let arena = &self.arenas[ai as usize];
-            let reader = arena.rcu.read_lock();
+            let reader = arena.rcu.read_lock_fenced();
             let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
                 drop(reader);
                 // SAFETY: forwarded.
