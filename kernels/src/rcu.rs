@@ -309,7 +309,10 @@ impl Srcu {
     /// Readers inside, by parity (tests and statistics).
     pub fn readers(&self) -> (u32, u32) {
         let s = self.state.0.load_relaxed();
-        ((s & COUNT_MASK) as u32, (s >> COUNT_BITS & COUNT_MASK) as u32)
+        (
+            (s & COUNT_MASK) as u32,
+            (s >> COUNT_BITS & COUNT_MASK) as u32,
+        )
     }
 
     /// No owner running, nothing queued (a quiescent check for tests).
