@@ -125,13 +125,17 @@ fn unit(parity: usize) -> u64 {
     1 << (COUNT_BITS * parity as u32)
 }
 
-/// An SRCU domain (see the module doc). 256 B; zeroed memory is a valid idle domain.
+/// An SRCU domain (see the module doc). 512 B; zeroed memory is a valid idle domain.
 #[repr(C)]
 pub struct Srcu {
     /// The epoch and the readers inside by the parity of the epoch they entered in (module
     /// doc); only the owner bumps the epoch (INV(RCU1), INV(RCU2)).
     state: Line<Atomic64>,
     writers: Line<Writers>,
+    /// Unused: keeps the domain at the four lines it had with separate epoch and count words,
+    /// so that an arena's layout, which the host computes, is the same for PTX built before
+    /// and after (A/B runs load either under one host binary through `TOGA_PTX_FILE`).
+    _spare: [Line<Atomic64>; 2],
 }
 
 /// A read section of an [`Srcu`]; leaving it (drop) ends the section.
@@ -160,6 +164,7 @@ impl Srcu {
     pub fn new() -> Self {
         Self {
             state: Line(Atomic64::new(0)),
+            _spare: [Line(Atomic64::new(0)), Line(Atomic64::new(0))],
             writers: Line(Writers {
                 state: Atomic32::new(0),
                 queue: Atomic64::new(0),
@@ -328,7 +333,7 @@ impl Default for Srcu {
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(core::mem::size_of::<Srcu>() == 2 * 128);
+const _: () = assert!(core::mem::size_of::<Srcu>() == 4 * 128);
 
 #[cfg(all(test, not(loom)))]
 mod tests {

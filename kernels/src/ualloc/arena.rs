@@ -3,7 +3,7 @@
 //! ```text
 //!  Arena (repr(C), every hot word on its own 128 B line)
 //!  ┌──────────────┬─────────────────────────────────┬─────────────────────────────────────┐
-//!  │ Srcu (256 B) │ per class × 8:                  │ per kind × 2:                       │
+//!  │ Srcu (512 B) │ per class × 8:                  │ per kind × 2:                       │
 //!  │ epoch and    │  slots: BulkSemaphore  (line)   │  bins: BulkSemaphore       (line)   │
 //!  │ readers,     │  list: head + mutex    (line)   │  chunks: partial, all, mutex (line) │
 //!  │ queue        │                                 │                                     │
@@ -137,7 +137,7 @@ const _: () = {
 
 #[cfg(not(loom))]
 const _: () =
-    assert!(core::mem::size_of::<Arena>() == (2 + 2 * NUM_CLASSES + 2 * NUM_KINDS + 1) * 128);
+    assert!(core::mem::size_of::<Arena>() == (4 + 2 * NUM_CLASSES + 2 * NUM_KINDS + 1) * 128);
 
 impl Arena {
     /// An empty arena (equal to all-zero memory).
