@@ -445,7 +445,7 @@ impl<L: Layout> BulkSemaphore<L> {
     /// GPU) per call.
     #[inline]
     pub fn release_relaxed(&self, n: u32) {
-        self.word.add_relaxed(Fields::<L>::c_units(n));
+        self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
     }
 
     /// Take `n` units only if C holds them now; never refills, never spins.

@@ -154,9 +154,8 @@ impl Drop for SrcuReader<'_> {
         // one MEMBAR): it also releases the section's writes to whatever the thread writes
         // next, which `free` relies on for its count of an emptied bin (INV(UA17)).
         platform::fence_acq_rel();
-        // Relaxed: ordered by the fence. Our own count is in the field, so no borrow. A `red`:
-        // nothing waits for the old value.
-        self.srcu.state.0.sub_relaxed(unit(self.parity));
+        // Relaxed: ordered by the fence. Our own count is in the field, so no borrow.
+        self.srcu.state.0.fetch_sub_relaxed(unit(self.parity));
     }
 }
 

@@ -680,7 +680,7 @@ impl<'a> DeviceHeap<'a> {
     }
 
     fn count(&self, word: usize, n: u64) {
-        self.shard().words[word].add_relaxed(n);
+        self.shard().words[word].fetch_add_relaxed(n);
     }
 
     /// Account a change of `delta` bytes in live blocks: exactly on this SM's shard, and on
@@ -694,15 +694,10 @@ impl<'a> DeviceHeap<'a> {
         let steps = new.div_euclid(USED_QUANTUM) - old.div_euclid(USED_QUANTUM);
         if steps != 0 {
             let add = (steps * USED_QUANTUM) as u64;
-            if steps > 0 {
-                let now = self.header.used.0.fetch_add_relaxed(add).wrapping_add(add);
-                // The published sum dips below zero while frees run ahead on other SMs.
-                if (now as i64) > 0 {
-                    self.header.used_high.0.fetch_max_relaxed(now);
-                }
-            } else {
-                // A fall never moves the high-water mark: nothing waits for the old value.
-                self.header.used.0.add_relaxed(add);
+            let now = self.header.used.0.fetch_add_relaxed(add).wrapping_add(add);
+            // The published sum dips below zero while frees run ahead on other SMs.
+            if steps > 0 && (now as i64) > 0 {
+                self.header.used_high.0.fetch_max_relaxed(now);
             }
         }
     }

@@ -31,16 +31,6 @@ macro_rules! cpu_atomic {
             pub fn fetch_add_relaxed(&self, v: $t) -> $t {
                 self.0.fetch_add(v, Relaxed)
             }
-            /// `fetch_add_relaxed` whose old value nobody needs (a `red` on the GPU).
-            #[inline]
-            pub fn add_relaxed(&self, v: $t) {
-                self.0.fetch_add(v, Relaxed);
-            }
-            /// `add_relaxed(v.wrapping_neg())`.
-            #[inline]
-            pub fn sub_relaxed(&self, v: $t) {
-                self.0.fetch_sub(v, Relaxed);
-            }
             #[inline]
             pub fn fetch_add_acquire(&self, v: $t) -> $t {
                 self.0.fetch_add(v, Acquire)

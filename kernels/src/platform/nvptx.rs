@@ -113,25 +113,6 @@ macro_rules! atomic_type {
             rmw!(fetch_min_relaxed, $t, $reg, "relaxed", "min.u", $bits);
             rmw!(fetch_max_relaxed, $t, $reg, "relaxed", "max.u", $bits);
 
-            /// `fetch_add_relaxed` whose old value nobody needs: a `red`, which the thread
-            /// does not wait for. ptxas keeps an `atom` whose result is unused as an `atom`,
-            /// and a warp waits for its reply before it exits (ncu: one such counter add per
-            /// warp cost 11% of a 4 KB free, docs/benchmarks.md).
-            #[inline(always)]
-            pub fn add_relaxed(&self, v: $t) {
-                // SAFETY: valid aligned location, atomic access.
-                unsafe {
-                    asm!(concat!("red.relaxed.gpu.add.u", $bits, " [{0}], {1};"),
-                        in(reg64) self.0.get(), in($reg) v, options(nostack));
-                }
-            }
-
-            /// `add_relaxed(v.wrapping_neg())`.
-            #[inline(always)]
-            pub fn sub_relaxed(&self, v: $t) {
-                self.add_relaxed(v.wrapping_neg())
-            }
-
             /// `fetch_add_relaxed(v.wrapping_neg())`.
             #[inline(always)]
             pub fn fetch_sub_relaxed(&self, v: $t) -> $t {

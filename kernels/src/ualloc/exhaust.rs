@@ -41,7 +41,7 @@ impl HarvestCount {
     #[inline(always)]
     pub fn note_fenced(&self) {
         // Relaxed: the caller's fence makes this add a release of the event.
-        self.0.add_relaxed(1);
+        self.0.fetch_add_relaxed(1);
     }
 
     /// Count an event, with a release of its own.
