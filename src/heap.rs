@@ -157,7 +157,8 @@ pub struct HeapStats {
     /// The most [`reserved_bytes`](Self::reserved_bytes) has been.
     pub reserved_high: u64,
     /// Bytes of live blocks (sizes as rounded up by the allocator), now (exact) and at most
-    /// (exact to within `toga_kernels::heap::USED_QUANTUM` per SM).
+    /// (exact to within one quantum per SM: `Geometry::used_quantum_shift`, 1/32 of the data
+    /// region or 64 KiB per SM, whichever is more).
     pub used_bytes: u64,
     /// The most [`used_bytes`](Self::used_bytes) has been.
     pub used_high: u64,

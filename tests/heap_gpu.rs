@@ -268,8 +268,8 @@ fn mixed_sizes_8b_to_64k_across_streams_and_back_to_empty() {
     stream.wait(&other.record_event(None).unwrap()).unwrap();
     let s = heap.stats(&stream).unwrap();
     assert_eq!((s.live_blocks(), s.used_bytes), (0, 0), "{s:?}");
-    // INV(HP3): the high-water mark is kept in steps of USED_QUANTUM per SM.
-    let slack = heap.geometry().arenas * toga_kernels::heap::USED_QUANTUM as u64;
+    // INV(HP3): the high-water mark is kept in steps of the heap's quantum per SM.
+    let slack = heap.geometry().arenas << heap.geometry().used_quantum_shift();
     assert!(
         s.used_high <= expected_used && s.used_high + slack >= expected_used,
         "high water {} for {expected_used} B used",

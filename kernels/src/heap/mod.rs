@@ -37,9 +37,9 @@ pub const HEAP_MAGIC: u64 = u64::from_le_bytes(*b"togaheap");
 pub const LINE_SIZE: usize = 128;
 /// TBuddy order of one UAlloc chunk.
 pub const CHUNK_ORDER: u32 = CHUNK_SHIFT - PAGE_SHIFT;
-/// The step in which the header's `used` word follows the per-SM live-byte counts (INV(HP3)):
-/// `used` and its high-water mark are exact to within this much per SM.
-pub const USED_QUANTUM: i64 = 64 << 10;
+/// The smallest step in which the header's `used` word follows the per-SM live-byte counts
+/// (INV(HP3), [`Geometry::used_quantum_shift`]).
+pub const MIN_USED_QUANTUM: i64 = 64 << 10;
 /// Keeps the keys of the large free's groups (`free_large`, by block order) apart from other
 /// `Group::of` call sites that a warp's lanes may reach at once.
 const LARGE_FREE_TAG: u64 = 1 << 40;
@@ -247,6 +247,25 @@ impl Geometry {
     pub fn data_bytes(&self) -> u64 {
         self.pages * PAGE_SIZE as u64
     }
+
+    /// log2 of the step in which the header's `used` word follows the per-SM live-byte counts
+    /// (INV(HP3)): the largest power of two with `arenas × step ≤ data_bytes / 32`, and at
+    /// least [`MIN_USED_QUANTUM`]. So `used` and its high-water mark are exact to within
+    /// `arenas` steps: 1/32 of the data region, or 64 KiB per SM in a heap below about 270 MiB
+    /// (132 SMs). Every step
+    /// crossed costs an add on the header's two global words, which all SMs share: at 64 KiB,
+    /// every warp that frees 32 blocks of 4 KB crossed one, and that was a tenth of the kernel
+    /// (H100, 2^20 frees in an 8 GiB heap: 0.173 → 0.155 ms with 1 MiB steps,
+    /// docs/benchmarks.md). Fixed for the heap's life: a growable heap's pages are its whole
+    /// reservation.
+    #[inline(always)]
+    pub fn used_quantum_shift(&self) -> u32 {
+        let data_log = 63 - self.data_bytes().max(1).leading_zeros();
+        // ceil(log2(arenas)).
+        let arenas_log = 64 - (self.arenas.max(1) - 1).leading_zeros();
+        let min = MIN_USED_QUANTUM.trailing_zeros();
+        data_log.saturating_sub(5 + arenas_log).max(min)
+    }
 }
 
 /// The first bytes of every heap.
@@ -254,7 +273,8 @@ impl Geometry {
 pub struct HeapHeader {
     pub magic: Atomic64,
     pub geometry: Geometry,
-    /// Bytes of live blocks in steps of `USED_QUANTUM` per SM, and its high-water mark
+    /// Bytes of live blocks in steps of the heap's quantum per SM
+    /// ([`Geometry::used_quantum_shift`]), and its high-water mark
     /// (INV(HP3)); the exact count is the sum of the shards' `LIVE_BYTES`.
     pub used: Line,
     pub used_high: Line,
@@ -684,16 +704,18 @@ impl<'a> DeviceHeap<'a> {
     }
 
     /// Account a change of `delta` bytes in live blocks: exactly on this SM's shard, and on
-    /// the header's `used` word (and its high-water mark) in steps of [`USED_QUANTUM`], only
-    /// when the shard's count crosses a multiple of it (INV(HP3)). One add on a per-SM word per
-    /// call, which a warp's lanes share in hardware; the global words see one add per
-    /// `USED_QUANTUM` bytes instead of one per warp.
+    /// the header's `used` word (and its high-water mark) in steps of the heap's quantum
+    /// ([`Geometry::used_quantum_shift`]), only when the shard's count crosses a multiple of it
+    /// (INV(HP3)). One add on a per-SM word per call, which a warp's lanes share in hardware;
+    /// the global words see one add per quantum instead of one per warp.
     fn account_live(&self, delta: i64) {
         let old = self.shard().words[stat::LIVE_BYTES].fetch_add_relaxed(delta as u64) as i64;
         let new = old.wrapping_add(delta);
-        let steps = new.div_euclid(USED_QUANTUM) - old.div_euclid(USED_QUANTUM);
+        let shift = self.header.geometry.used_quantum_shift();
+        // Arithmetic shifts: floor division by the quantum, also below zero.
+        let steps = (new >> shift) - (old >> shift);
         if steps != 0 {
-            let add = (steps * USED_QUANTUM) as u64;
+            let add = (steps << shift) as u64;
             let now = self.header.used.0.fetch_add_relaxed(add).wrapping_add(add);
             // The published sum dips below zero while frees run ahead on other SMs.
             if steps > 0 && (now as i64) > 0 {
@@ -969,3 +991,33 @@ impl<'a> DeviceHeap<'a> {
 mod bound;
 #[cfg(not(loom))]
 pub use bound::*;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// INV(HP3): the quantum keeps `arenas` steps within 1/32 of the data region, or at the
+    /// 64 KiB floor; it grows with the heap.
+    #[test]
+    fn used_quantum_scales_with_the_heap() {
+        let shift = |data: u64, arenas: u64| {
+            Geometry::layout(0, 0, data / PAGE_SIZE as u64, arenas).used_quantum_shift()
+        };
+        assert_eq!(shift(64 << 20, 132), 16, "64 MiB: the floor");
+        assert_eq!(shift(1 << 30, 132), 17);
+        assert_eq!(shift(8 << 30, 132), 20, "8 GiB: 1 MiB steps");
+        assert_eq!(shift(1 << 30, 1), 25);
+        for data_log in 22..=(MAX_HEAP_BYTES.ilog2()) {
+            for arenas in [1u64, 2, 80, 108, 132, 144] {
+                let data = 1u64 << data_log;
+                let s = shift(data, arenas);
+                assert!(s >= 16);
+                assert!(s == 16 || arenas << s <= data / 32, "{data} {arenas} {s}");
+                assert!(
+                    s == 16 || arenas << (s + 1) > data / 32,
+                    "the largest such step"
+                );
+            }
+        }
+    }
+}
