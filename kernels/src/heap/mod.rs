@@ -251,8 +251,8 @@ impl Geometry {
     /// log2 of the step in which the header's `used` word follows the per-SM live-byte counts
     /// (INV(HP3)): the largest power of two with `arenas × step ≤ data_bytes / 32`, and at
     /// least [`MIN_USED_QUANTUM`]. So `used` and its high-water mark are exact to within
-    /// `arenas` steps: 1/32 of the data region, or 64 KiB per SM in a heap below about 270 MiB
-    /// (132 SMs). Every step
+    /// `arenas` steps: 1/32 of the data region at most, or 64 KiB per SM in a heap below 1 GiB
+    /// (132 SMs: `arenas` rounds up to 256 here). Every step
     /// crossed costs an add on the header's two global words, which all SMs share: at 64 KiB,
     /// every warp that frees 32 blocks of 4 KB crossed one, and that was a tenth of the kernel
     /// (H100, 2^20 frees in an 8 GiB heap: 0.173 → 0.155 ms with 1 MiB steps,
