@@ -164,11 +164,11 @@ impl Srcu {
     pub fn new() -> Self {
         Self {
             state: Line(Atomic64::new(0)),
-            _spare: [Line(Atomic64::new(0)), Line(Atomic64::new(0))],
             writers: Line(Writers {
                 state: Atomic32::new(0),
                 queue: Atomic64::new(0),
             }),
+            _spare: [Line(Atomic64::new(0)), Line(Atomic64::new(0))],
         }
     }
 
