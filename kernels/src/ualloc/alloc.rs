@@ -7,7 +7,7 @@ use crate::collective::Group;
 use crate::platform::{self, Backoff};
 use crate::rcu::SrcuReader;
 use crate::size_class::{BinKind, MAX_SMALL_SIZE, SizeClass};
-use crate::ualloc::arena::{Arena, bin_at};
+use crate::ualloc::arena::{Arena, BinList, bin_at};
 use crate::ualloc::bin::{BinHeader, Claim};
 use crate::ualloc::chunk::chunk_base;
 use crate::ualloc::layout::{
@@ -64,6 +64,39 @@ fn nth_set_bit(bits: u64, n: u32) -> u32 {
 pub(crate) fn sync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
     let list = &arena.class(class).list.0;
     list.lock.lock_single();
+    reconcile_locked(list, class, bin);
+    list.lock.unlock();
+}
+
+/// [`sync_listing`] for a claimer inside its read section. In a class of small bins (16 B –
+/// 128 B) it does not wait for the mutex: if another thread holds it, the bin is noted on the
+/// list's pending stack instead (INV(UA13)), for the next drain to reconcile; a claimer that
+/// got the mutex drains the stack after it unlocks (one hold per batch, as a walker's drain).
+/// A full bin stays listed until then: walkers pass it as they pass a bin that filled after
+/// they read its link. At 2^18 threads × 64 rounds of malloc and free of 16–256 B, claimers
+/// that filled bins queued for the mutex one by one; without the wait the churn was 36% faster
+/// (H200). Large bins (256 B – 4 KB) wait for the mutex as before: a fresh fill of mixed 16 B –
+/// 4 KB was 6–9% slower when they did not.
+#[cold]
+#[inline(never)]
+pub(crate) fn resync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
+    if class.kind() == BinKind::Large {
+        sync_listing(arena, class, bin);
+        return;
+    }
+    let list = &arena.class(class).list.0;
+    if !list.lock.try_acquire(1) {
+        list.pending.note(bin);
+        return;
+    }
+    reconcile_locked(list, class, bin);
+    list.lock.unlock();
+    drain_pending(arena, class);
+}
+
+/// List `bin` iff it has a free slot and is not retired (INV(UA7)), under the list's mutex.
+#[inline(always)]
+fn reconcile_locked(list: &BinList, class: SizeClass, bin: &BinHeader) {
     // Relaxed: the mutex orders this load after the transition of every earlier caller, and
     // our own transition is before it in program order. Retired counts as full.
     let want = bin.used_count() < class.slots();
@@ -73,7 +106,6 @@ pub(crate) fn sync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
     } else if !want && listed {
         list.unlink_locked(bin);
     }
-    list.lock.unlock();
 }
 
 /// After a crossing of "full" downwards: `bin` (of `class`, carved by `arena`; the caller is
@@ -101,35 +133,42 @@ pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
     }
     let taken = list.pending.drain(|bins| {
         list.lock.lock_single();
-        let first = list.head.load_relaxed();
-        let mut head = first;
-        let mut full = 0u64;
-        for (i, &at) in bins.iter().enumerate() {
-            // SAFETY: pinned by the drain (INV(UA13)).
-            let bin = unsafe { bin_at(at) };
-            // Relaxed: the drain's fence orders these loads after the crossings it settles,
-            // and the mutex after every other listing change.
-            let want = bin.used_count() < class.slots();
-            let listed = bin.listed.load_relaxed() != 0;
-            if want && !listed {
-                head = list.chain_locked(bin, head);
-            } else if !want && listed {
-                full |= 1 << i;
-            }
-        }
-        if head != first {
-            // Release: pairs with the acquire load of `head` in `ListClaimer` (the chained bins
-            // and their links are visible to a reader that sees the new head).
-            list.head.store_release(head);
-        }
-        while full != 0 {
-            // SAFETY: as above.
-            list.unlink_locked(unsafe { bin_at(bins[full.trailing_zeros() as usize]) });
-            full &= full - 1;
-        }
+        settle_locked(list, class, bins);
         list.lock.unlock();
     });
     taken > 0
+}
+
+/// Reconcile a drained batch of noted bins under the list's mutex (INV(UA7)): link those with
+/// a free slot that are unlisted, chained in front of the head with one release store, and
+/// unlink those listed but full.
+fn settle_locked(list: &BinList, class: SizeClass, bins: &[u64]) {
+    let first = list.head.load_relaxed();
+    let mut head = first;
+    let mut full = 0u64;
+    for (i, &at) in bins.iter().enumerate() {
+        // SAFETY: pinned by the drain (INV(UA13)).
+        let bin = unsafe { bin_at(at) };
+        // Relaxed: the drain's fence orders these loads after the crossings it settles,
+        // and the mutex after every other listing change.
+        let want = bin.used_count() < class.slots();
+        let listed = bin.listed.load_relaxed() != 0;
+        if want && !listed {
+            head = list.chain_locked(bin, head);
+        } else if !want && listed {
+            full |= 1 << i;
+        }
+    }
+    if head != first {
+        // Release: pairs with the acquire load of `head` in `ListClaimer` (the chained bins
+        // and their links are visible to a reader that sees the new head).
+        list.head.store_release(head);
+    }
+    while full != 0 {
+        // SAFETY: as above.
+        list.unlink_locked(unsafe { bin_at(bins[full.trailing_zeros() as usize]) });
+        full &= full - 1;
+    }
 }
 
 /// Walks a class's bin list and claims slots, for a leader (or a lone lane) that holds slot
@@ -206,15 +245,16 @@ impl<'x> ListClaimer<'x> {
             match bin.claim_from(self.class, self.start_word, self.rotate, need) {
                 Claim::Got { word, bits, resync } => {
                     if resync {
-                        // The claimer that fills a bin unlinks it, so walks stay short.
-                        sync_listing(self.arena, self.class, bin);
+                        // The claimer that fills a bin unlinks it (or has the mutex's holder
+                        // do it), so walks stay short.
+                        resync_listing(self.arena, self.class, bin);
                     }
                     // Stay on this bin: it may have more for the rest of the group.
                     return (self.cursor, word, bits);
                 }
                 Claim::NoneFree { resync, emptied } => {
                     if resync {
-                        sync_listing(self.arena, self.class, bin);
+                        resync_listing(self.arena, self.class, bin);
                     }
                     if emptied {
                         // INV(UA17): our count kept a trim from retiring the empty bin.
