@@ -218,8 +218,8 @@ impl SizeClass {
 /// 5 bins of 256 B, 512 B or 1 KB). See [`SizeClass::refill_bins`].
 ///
 /// The large target was 128 slots (one bin of 256 B and 512 B, two of 1 KB) until 2026-11-26.
-/// A whole chunk made 2^20 fresh mallocs 23% faster at 256 B and 15% at 1 KB (H200, three
-/// leases), and a kernel that mallocs and then frees 1 KB 7% slower (docs/benchmarks.md).
+/// A whole chunk made 2^20 fresh mallocs 23% faster at 256 B and 13–19% at 1 KB (H200, three
+/// leases), and a kernel that mallocs and then frees 1 KB 7–9% slower (docs/benchmarks.md).
 /// Sizing the refill by the reservations it saw uncovered instead was slower than both.
 const REFILL_SLOTS: [u32; NUM_KINDS] = [1024, 2048];
 /// The most bins one refill carves (small bins: 32 KB).
@@ -237,7 +237,7 @@ impl SizeClass {
     /// semaphore short refills at once; each refill's second bin serves the next group without
     /// a refill of its own, so such a class takes the arena's chunk-list lock half as often.
     /// ncu on 2^20 fresh mallocs of 4 KB with one bin per refill: 45 attempts per acquisition
-    /// of that lock. Two bins made them 6–15% faster and mixed 16 B – 4 KB 16–17% faster (H200,
+    /// of that lock. Two bins made them 5–15% faster and mixed 16 B – 4 KB 16–17% faster (H200,
     /// two leases). Three bins made mixed faster still (23%) and a kernel that mallocs and
     /// then frees 4 KB 12% slower; a promise that covers every bin of the refill was slower
     /// than one bin. With a whole chunk per refill and a promise of one bin, 2^20 × 4 KB

@@ -76,7 +76,7 @@ pub(crate) fn sync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
 /// they read its link. At 2^18 threads × 64 rounds of malloc and free of 16–256 B, claimers
 /// that filled bins queued for the mutex one by one; without the wait the churn was 36% faster
 /// (H200). Large bins (256 B – 4 KB) wait for the mutex as before: a fresh fill of mixed 16 B –
-/// 4 KB was 6–9% slower when they did not.
+/// 4 KB was 3–9% slower when they did not.
 #[cold]
 #[inline(never)]
 pub(crate) fn resync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
