@@ -1,5 +1,7 @@
 //! The pending stack: bins that got a free slot back while they may be unlisted, waiting for
-//! a walker (or `trim`) to link them. One per arena and class, in the class's [`BinList`].
+//! a walker (or `trim`) to link them, and small bins that filled while another thread held
+//! the list's mutex, waiting to be unlinked. One per arena and class, in the class's
+//! [`BinList`].
 //!
 //! `free` must not wait for the list's mutex (one relink per emptied-from-full bin made every
 //! arena's frees queue on it), so the lane whose release crosses "full" downwards only *notes*
@@ -57,7 +59,9 @@ impl PendingStack {
         self.head.load_relaxed() == 0
     }
 
-    /// Note a crossing of "full" downwards of `bin`, which must then be settled by a drain.
+    /// Note a crossing of "full" of `bin`, which must then be settled by a drain: downwards
+    /// by a `free`, or upwards by a claimer of a small bin that found the list's mutex held
+    /// (`resync_listing`).
     /// Call after the release that crossed, while the bin cannot be returned to its chunk
     /// (inside its arena's read section). Returns whether this call pushed the bin (the first
     /// crossing since the bin's last drain).
