@@ -133,42 +133,35 @@ pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
     }
     let taken = list.pending.drain(|bins| {
         list.lock.lock_single();
-        settle_locked(list, class, bins);
+        let first = list.head.load_relaxed();
+        let mut head = first;
+        let mut full = 0u64;
+        for (i, &at) in bins.iter().enumerate() {
+            // SAFETY: pinned by the drain (INV(UA13)).
+            let bin = unsafe { bin_at(at) };
+            // Relaxed: the drain's fence orders these loads after the crossings it settles,
+            // and the mutex after every other listing change.
+            let want = bin.used_count() < class.slots();
+            let listed = bin.listed.load_relaxed() != 0;
+            if want && !listed {
+                head = list.chain_locked(bin, head);
+            } else if !want && listed {
+                full |= 1 << i;
+            }
+        }
+        if head != first {
+            // Release: pairs with the acquire load of `head` in `ListClaimer` (the chained bins
+            // and their links are visible to a reader that sees the new head).
+            list.head.store_release(head);
+        }
+        while full != 0 {
+            // SAFETY: as above.
+            list.unlink_locked(unsafe { bin_at(bins[full.trailing_zeros() as usize]) });
+            full &= full - 1;
+        }
         list.lock.unlock();
     });
     taken > 0
-}
-
-/// Reconcile a drained batch of noted bins under the list's mutex (INV(UA7)): link those with
-/// a free slot that are unlisted, chained in front of the head with one release store, and
-/// unlink those listed but full.
-fn settle_locked(list: &BinList, class: SizeClass, bins: &[u64]) {
-    let first = list.head.load_relaxed();
-    let mut head = first;
-    let mut full = 0u64;
-    for (i, &at) in bins.iter().enumerate() {
-        // SAFETY: pinned by the drain (INV(UA13)).
-        let bin = unsafe { bin_at(at) };
-        // Relaxed: the drain's fence orders these loads after the crossings it settles,
-        // and the mutex after every other listing change.
-        let want = bin.used_count() < class.slots();
-        let listed = bin.listed.load_relaxed() != 0;
-        if want && !listed {
-            head = list.chain_locked(bin, head);
-        } else if !want && listed {
-            full |= 1 << i;
-        }
-    }
-    if head != first {
-        // Release: pairs with the acquire load of `head` in `ListClaimer` (the chained bins
-        // and their links are visible to a reader that sees the new head).
-        list.head.store_release(head);
-    }
-    while full != 0 {
-        // SAFETY: as above.
-        list.unlink_locked(unsafe { bin_at(bins[full.trailing_zeros() as usize]) });
-        full &= full - 1;
-    }
 }
 
 /// Walks a class's bin list and claims slots, for a leader (or a lone lane) that holds slot
