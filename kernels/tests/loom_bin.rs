@@ -285,7 +285,18 @@ struct Listing(Mutex<bool>);
 
 impl Listing {
     fn sync(&self, b: &BinHeader) {
-        let mut listed = self.0.lock().unwrap();
+        Self::reconcile(&mut self.0.lock().unwrap(), b);
+    }
+
+    /// `sync` only if the mutex is free, as `resync_listing` tries it; whether it was.
+    fn try_sync(&self, b: &BinHeader) -> bool {
+        self.0
+            .try_lock()
+            .map(|mut listed| Self::reconcile(&mut listed, b))
+            .is_ok()
+    }
+
+    fn reconcile(listed: &mut bool, b: &BinHeader) {
         let used = b.used_word();
         *listed = used & !USED_COUNT_MASK == 0 && used < class().slots();
     }
@@ -615,60 +626,58 @@ fn pending_stack_keeps_a_bin_with_free_slots_findable() {
 /// A claim that fills a small bin while another thread holds the list's mutex does not wait
 /// for it (`resync_listing`): it notes the bin on the pending stack. A claimer that gets the
 /// mutex reconciles its bin, unlocks, and drains the stack. Here the claimer tries the mutex
-/// once, a release of the filled bin notes it, and a third thread holds the mutex for a moment
+/// once, a release of the filled bin (in one of the two runs) notes it, and a third thread holds the mutex for a moment
 /// (a refill, another claimer). After one more drain (the next walker that finds nothing, or
 /// the next claimer that gets the mutex) the bin is listed iff it has a free slot (INV(UA7)),
 /// its count is 0 and the stack is empty (INV(UA13)).
 #[test]
 fn a_claim_that_fills_a_bin_under_a_held_mutex_notes_it() {
-    loom::model(|| {
-        let b = bin(class().slots() - 1);
-        let listing = Arc::new(Listing(Mutex::new(true)));
-        let stack = Arc::new(PendingStack::new());
-        let claimer = {
-            let (b, listing, stack) = (b.clone(), listing.clone(), stack.clone());
-            thread::spawn(move || {
-                let c = b.claim(class(), 0, 1);
-                if resyncs(c) == 1 {
-                    let got_it = match listing.0.try_lock() {
-                        Ok(mut listed) => {
-                            let used = b.used_word();
-                            *listed = used & !USED_COUNT_MASK == 0 && used < class().slots();
-                            true
-                        }
-                        Err(_) => {
+    // Without the release, only the claimer's note gets the full bin unlinked.
+    for release in [false, true] {
+        loom::model(move || {
+            let b = bin(class().slots() - 1);
+            let listing = Arc::new(Listing(Mutex::new(true)));
+            let stack = Arc::new(PendingStack::new());
+            let claimer = {
+                let (b, listing, stack) = (b.clone(), listing.clone(), stack.clone());
+                thread::spawn(move || {
+                    let c = b.claim(class(), 0, 1);
+                    if resyncs(c) == 1 {
+                        if listing.try_sync(&b) {
+                            stack.drain(|bins| each(bins, |b| listing.sync(b)));
+                        } else {
                             stack.note(&b);
-                            false
                         }
-                    };
-                    if got_it {
-                        stack.drain(|bins| each(bins, |b| listing.sync(b)));
                     }
-                }
-                c
-            })
-        };
-        let holder = {
-            let listing = listing.clone();
-            thread::spawn(move || drop(listing.0.lock().unwrap()))
-        };
-        let r = b.release_many(class(), 0, 1 << 3);
-        if r.was_full {
-            stack.note(&b);
-        }
-        let claim = claimer.join().unwrap();
-        holder.join().unwrap();
-        stack.drain(|bins| each(bins, |b| listing.sync(b)));
-        let used = class().slots() - 2 + got(claim).count_ones();
-        assert_eq!(b.used_word(), used);
-        assert_eq!(
-            *listing.0.lock().unwrap(),
-            used < class().slots(),
-            "INV(UA7) ({r:?}, {claim:?})"
-        );
-        assert_eq!(b.pending_count(), 0, "INV(UA13)");
-        assert!(stack.is_empty_hint(), "INV(UA13)");
-    });
+                    c
+                })
+            };
+            let holder = {
+                let (listing, b) = (listing.clone(), b.clone());
+                thread::spawn(move || {
+                    // Holds the mutex across a look at the bin (loom switches threads there).
+                    let _held = listing.0.lock().unwrap();
+                    b.used_word()
+                })
+            };
+            let r = release.then(|| b.release_many(class(), 0, 1 << 3));
+            if r.is_some_and(|r| r.was_full) {
+                stack.note(&b);
+            }
+            let claim = claimer.join().unwrap();
+            holder.join().unwrap();
+            stack.drain(|bins| each(bins, |b| listing.sync(b)));
+            let used = class().slots() - 1 - release as u32 + got(claim).count_ones();
+            assert_eq!(b.used_word(), used);
+            assert_eq!(
+                *listing.0.lock().unwrap(),
+                used < class().slots(),
+                "INV(UA7) ({r:?}, {claim:?})"
+            );
+            assert_eq!(b.pending_count(), 0, "INV(UA13)");
+            assert!(stack.is_empty_hint(), "INV(UA13)");
+        });
+    }
 }
 
 /// Two bins are noted at once (two pushes race on the head) while a drain runs: every crossing
