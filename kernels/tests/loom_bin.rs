@@ -626,8 +626,9 @@ fn pending_stack_keeps_a_bin_with_free_slots_findable() {
 /// A claim that fills a small bin while another thread holds the list's mutex does not wait
 /// for it (`resync_listing`): it notes the bin on the pending stack. A claimer that gets the
 /// mutex reconciles its bin, unlocks, and drains the stack. Here the claimer tries the mutex
-/// once, a release of the filled bin (in one of the two runs) notes it, and a third thread holds the mutex for a moment
-/// (a refill, another claimer). After one more drain (the next walker that finds nothing, or
+/// once, a third thread holds the mutex for a moment (a refill, another claimer), and in one of
+/// the two runs a release of the filled bin notes it. After one more drain (the next walker
+/// that finds nothing, or
 /// the next claimer that gets the mutex) the bin is listed iff it has a free slot (INV(UA7)),
 /// its count is 0 and the stack is empty (INV(UA13)).
 #[test]
