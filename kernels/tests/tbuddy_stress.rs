@@ -421,6 +421,56 @@ fn simultaneous_frees_merge_back_to_the_root() {
     });
 }
 
+/// `alloc_pair` hands out two live blocks of an order in one allocation: the tree stays valid
+/// with both halves live, each half is freed on its own (in either order, or both at once
+/// from two threads), and the pages merge back into the root.
+#[test]
+fn pairs_are_freed_half_by_half() {
+    with_deadline(|| {
+        const MAX_ORDER: u32 = 4;
+        let pages = 1u64 << MAX_ORDER;
+        let heap = DeviceHeap::new(MAX_ORDER, pages);
+        for round in 0..200 {
+            let tree = heap.tree();
+            let order = round % MAX_ORDER;
+            let half = (PAGE_SIZE as u64) << order;
+            let mut pairs = Vec::new();
+            while let Some(off) = tree.alloc_pair(order) {
+                assert_eq!(off % (2 * half), 0, "a pair aligned to its size");
+                pairs.push(off);
+            }
+            assert_eq!(pairs.len() as u64, pages >> (order + 1), "round {round}");
+            let live: Vec<(u64, u32)> = pairs
+                .iter()
+                .flat_map(|&off| [(off, order), (off + half, order)])
+                .collect();
+            tree.assert_valid_after(&live);
+            assert_eq!(
+                tree.alloc(0),
+                None,
+                "round {round}: a full heap handed out a page"
+            );
+            match round % 3 {
+                0 => live.iter().for_each(|&(off, o)| tree.free(off, o)),
+                1 => live.iter().rev().for_each(|&(off, o)| tree.free(off, o)),
+                _ => std::thread::scope(|s| {
+                    for &(off, o) in &live {
+                        let heap = &heap;
+                        s.spawn(move || heap.tree().free(off, o));
+                    }
+                }),
+            }
+            tree.assert_valid();
+            assert_eq!(
+                tree.alloc(MAX_ORDER),
+                Some(0),
+                "round {round}: the halves did not merge back into the root"
+            );
+            tree.free(0, MAX_ORDER);
+        }
+    });
+}
+
 /// A tiny heap under heavy churn: 8 threads alloc and free orders 0..=2 of an 8-page tree as
 /// fast as they can, so nearly every operation races with another.
 #[test]

@@ -351,6 +351,16 @@ impl ChunkSource for HeapChunks<'_> {
         Some(unsafe { heap.data.add(offset as usize) })
     }
 
+    /// Two chunks from the tree in one allocation (`TBuddy::alloc_pair`), without growing the
+    /// heap: a growable heap's growth is for the chunk that was asked for.
+    fn alloc_chunk_pair(&self) -> Option<*mut u8> {
+        let heap = self.heap;
+        let offset = heap.buddy.alloc_pair(CHUNK_ORDER)?;
+        add_reserved(heap.header, 2 * CHUNK_SIZE as u64);
+        // SAFETY: TBuddy offsets are inside the data region.
+        Some(unsafe { heap.data.add(offset as usize) })
+    }
+
     unsafe fn free_chunk(&self, chunk: *mut u8) {
         let heap = self.heap;
         let offset = chunk as u64 - heap.data as u64;

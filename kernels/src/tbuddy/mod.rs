@@ -539,6 +539,20 @@ impl<'a> TBuddy<'a> {
         None
     }
 
+    /// Two blocks of `order` side by side, in one allocation: [`alloc`](Self::alloc) of
+    /// `order + 1`, whose node then goes from Busy to Partial, so that each half is a live
+    /// block of `order` of its own, freed on its own (INV(TB2): both halves stay Busy;
+    /// INV(TB5): a freed half's parent is Partial). A plain store: the block is ours, and
+    /// nobody else writes its node while it is allocated (claims CAS only Available words,
+    /// and its pair lock is taken only by a free of a half). Returns the first half's offset.
+    pub fn alloc_pair(&self, order: u32) -> Option<u64> {
+        let offset = self.alloc(order + 1)?;
+        // Release: pairs with the acquire `lock` of the free of either half.
+        self.word(self.node_at(offset, order + 1))
+            .store_release(PARTIAL);
+        Some(offset)
+    }
+
     /// Reserve `pages` on the free-page counter: one subtraction, rolled back when the counter
     /// was short (INV(TB9)).
     fn reserve_pages(&self, pages: u64) -> bool {

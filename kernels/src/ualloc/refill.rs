@@ -52,6 +52,11 @@ const MAX_JOINS: u32 = 4096;
 /// ([`SizeClass::refill_bins`]); below it a refill carves one (a small or nearly full heap).
 pub(crate) const PLENTY_CHUNKS_PER_ARENA: usize = 4;
 
+/// Chunks per arena the source must still hold for an adoption to take two chunks in one trip
+/// (`ChunkSource::alloc_chunk_pair`) and keep the second as the arena's spare: twice the
+/// bound below which chunks are scarce, so that spares never hold the last of them.
+pub(crate) const PAIR_CHUNKS_PER_ARENA: usize = 8;
+
 /// Steps a trim takes along one bin list before it stops (a list that bins keep rejoining
 /// under it could otherwise be walked forever); far more bins than an arena's class holds.
 const TRIM_SCAN_LIMIT: u32 = 1 << 20;
@@ -422,7 +427,20 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         if let Some(base) = self.take_spare(ks) {
             return self.adopt(ai, kind, k, base);
         }
-        if !self.scarce() {
+        let chunks_left = self.source.chunks_left();
+        if !self.scarce_with(chunks_left) {
+            if chunks_left >= self.arenas.len() * PAIR_CHUNKS_PER_ARENA
+                && let Some(pair) = self.source.alloc_chunk_pair()
+            {
+                // INV(UA14): the second chunk, unused, is the arena's spare: its next adoption
+                // of this kind takes it with one swap instead of a trip to the source.
+                let second = pair.wrapping_add(CHUNK_SIZE);
+                if !self.stock_spare(ai, kind, second) {
+                    // SAFETY: from the source, never used; the arena stocked another meanwhile.
+                    unsafe { self.source.free_chunk(second) };
+                }
+                return self.adopt(ai, kind, k, pair);
+            }
             return match self.source.alloc_chunk() {
                 Some(base) => self.adopt(ai, kind, k, base),
                 None => self.no_chunk(ai, kind, k, 0),
