@@ -394,3 +394,36 @@ fn grow_converts_the_buddy_of_a_block_being_freed() {
         );
     });
 }
+
+/// A pair of pages from one allocation (`alloc_pair`: pages 0–1 as two live blocks) while
+/// another thread takes a page: the three blocks are disjoint. Then the pair's halves are freed
+/// at once by two threads, and the other page: everything merges back to the root.
+#[test]
+fn a_pairs_halves_are_freed_at_once() {
+    loom::model(|| {
+        let tree = Tree::new(PAGES);
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().alloc(0).expect("4 pages, 3 wanted"))
+        };
+        let pair = tree.view().alloc_pair(0).expect("4 pages, 3 wanted");
+        let page = other.join().unwrap();
+        for half in [pair, pair + PAGE_SIZE as u64] {
+            assert!(disjoint(span(half, 0), span(page, 0)));
+        }
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || tree.view().free(pair + PAGE_SIZE as u64, 0))
+        };
+        let view = tree.view();
+        view.free(pair, 0);
+        other.join().unwrap();
+        view.free(page, 0);
+        view.assert_valid();
+        assert_eq!(
+            view.alloc(MAX_ORDER),
+            Some(0),
+            "the halves did not merge back to the root"
+        );
+    });
+}
