@@ -391,6 +391,91 @@ fn stocked_spares_serve_first_adoptions_and_go_back_to_the_tree() {
     );
 }
 
+/// While the tree holds at least eight chunks per arena, an adoption takes two chunks in one
+/// allocation and keeps the second as the arena's spare: the next adoption of that kind takes
+/// no chunk from the tree. Then eight threads of one arena take 4 KiB blocks at once until the
+/// heap runs out, where adoptions may race: every block is disjoint and intact, and everything
+/// comes back. (The race in which a pair's arena got a spare meanwhile, so that the second
+/// chunk is adopted too, is rare on two host cores; a fresh fill of 4 KiB on the GPU takes
+/// that path thousands of times, `heap_gpu` and the sanitizers run it there.)
+#[test]
+fn adoptions_take_chunks_in_pairs_and_race_safely() {
+    let h = HostHeap::new(64 << 20, 2);
+    let heap = h.heap();
+    let pages = h.geometry.pages;
+    let chunk_pages = (CHUNK_SIZE / 4096) as u64;
+    // The first adoption of the small kind: a pair from the tree, one adopted, one the spare.
+    let first = heap.malloc(16);
+    assert!(!first.is_null());
+    assert_eq!(heap.buddy().free_pages(), pages - 2 * chunk_pages);
+    assert_eq!(heap_reserved(&h), 2 * CHUNK_SIZE as u64);
+    // 16 B blocks until the tree gives more: the second adoption took the spare, so the tree
+    // moves again only at the third, by a pair, after more than one chunk's worth of blocks.
+    let mut small = vec![first];
+    while heap.buddy().free_pages() == pages - 2 * chunk_pages {
+        let p = heap.malloc(16);
+        assert!(!p.is_null());
+        small.push(p);
+    }
+    assert_eq!(heap.buddy().free_pages(), pages - 4 * chunk_pages);
+    assert!(
+        small.len() > CHUNK_SIZE / 16,
+        "the tree was asked again after {} blocks of 16 B",
+        small.len()
+    );
+    for &p in &small {
+        // SAFETY: live blocks, freed once.
+        unsafe { heap.free(p) };
+    }
+    // Racing adoptions: eight threads of arena 0, 4 KiB each, until the heap runs out.
+    let got: Vec<Vec<usize>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let h = &h;
+                s.spawn(move || {
+                    toga_kernels::platform::set_sm_id(0);
+                    let heap = h.heap();
+                    let mut mine = Vec::new();
+                    loop {
+                        let p = heap.malloc(4096);
+                        if p.is_null() {
+                            return mine;
+                        }
+                        // SAFETY: a live block of 4 KiB, ours.
+                        unsafe { pattern::fill(p, 4096, p as u64, t as u32) };
+                        mine.push(p as usize);
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let mut all: Vec<usize> = got.iter().flatten().copied().collect();
+    all.sort_unstable();
+    assert!(
+        all.windows(2).all(|w| w[1] - w[0] >= 4096),
+        "overlapping blocks"
+    );
+    assert!(
+        all.len() as u64 * 4096 >= (pages * 4096) * 9 / 10,
+        "{} blocks of 4 KiB in 64 MiB",
+        all.len()
+    );
+    for (t, blocks) in got.iter().enumerate() {
+        for &p in blocks {
+            // SAFETY: live blocks of 4 KiB, freed once.
+            unsafe {
+                let bad = pattern::check(p as *const u8, 4096, p as u64, t as u32);
+                assert_eq!(bad, 0, "block {p:#x} corrupted");
+                heap.free(p as *mut u8);
+            }
+        }
+    }
+    heap.trim();
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), pages);
+}
+
 fn heap_reserved(h: &HostHeap) -> u64 {
     // SAFETY: reading one word of our own heap's header.
     unsafe {
