@@ -294,6 +294,44 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
     });
 }
 
+/// A chunk adopted with none of its bins taken (`adopt_extra`: the second chunk of a pair
+/// whose arena got a spare meanwhile) serves mallocs like any other, and goes back to the
+/// source at the next trim whether or not a bin of it was ever carved: no bin's return would
+/// give back a chunk that never had one.
+#[test]
+fn extra_chunks_serve_and_go_back_at_a_trim() {
+    with_deadline(|| {
+        for kind in BinKind::ALL {
+            for used in [false, true] {
+                let (arenas, source) = heap(1, 4);
+                let ua = ualloc(arenas, &source);
+                let chunk = Source(source.clone()).alloc_chunk().unwrap();
+                // SAFETY: a chunk of this UAlloc's source, used by nobody else.
+                unsafe { ua.adopt_extra(0, kind, chunk) };
+                ua.assert_valid();
+                assert_eq!(ua.chunks_held(), 1);
+                let class = SizeClass::ALL
+                    .into_iter()
+                    .find(|c| c.kind() == kind)
+                    .unwrap();
+                if used {
+                    // The refill takes bins of the extra chunk: no other chunk is adopted.
+                    let shadow = Shadow::default();
+                    let p = ua.malloc(class.size());
+                    adopt_block(&ua, &shadow, p, class.size(), 1);
+                    assert_eq!(
+                        source.outstanding(),
+                        1,
+                        "{kind:?}: a chunk beside the extra one"
+                    );
+                    release_block(&ua, &shadow, p, 1);
+                }
+                assert_all_returned(&ua, &source);
+            }
+        }
+    });
+}
+
 /// Threads allocate mixed sizes, free their own blocks and hand others to other threads
 /// through channels; the shadow oracle checks every block for overlap and its pattern before
 /// it is freed.

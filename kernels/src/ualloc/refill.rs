@@ -105,6 +105,42 @@ fn retire_empty_bins(arena: &Arena, class: SizeClass) -> u32 {
     retired
 }
 
+/// Queue the return of every chunk of `arena` whose bins are all free (INV(UA11)): a chunk
+/// adopted with none of its bins taken that never had one carved (`adopt_extra`), or one whose
+/// last bin's return found the bins' units out with waiters. Per chunk, the bins' units are
+/// taken back first with one attempt, never a wait (units out with a waiter leave the chunk
+/// for the next trim), then the chunk leaves both lists and loses its magic under the list's
+/// mutex, as in `return_bin`; the caller's barrier gives it to the source after the grace
+/// period. Returns the chunks queued.
+fn return_empty_chunks(arena: &Arena) -> u32 {
+    let mut queued = 0;
+    for kind in BinKind::ALL {
+        let ks = arena.kind(kind);
+        let per = bins_per_chunk(kind);
+        let list = &ks.chunks.0;
+        list.lock.lock_single();
+        let mut at = list.partial.load_relaxed();
+        while at != 0 {
+            // SAFETY: chunks on the partial list are live (INV(UA10)).
+            let chunk = unsafe { chunk_at(at) };
+            at = chunk.next.load_relaxed();
+            if chunk.n_free.load_relaxed() != per || !ks.bins.0.try_wait(per) {
+                continue;
+            }
+            list.unlink_partial_locked(chunk);
+            list.unlink_all_locked(chunk);
+            // INV(UA8): no longer UAlloc's (ordered before the return by the grace period).
+            chunk.magic.store_relaxed(0);
+            // SAFETY: off every list; its header stays valid until the callback frees it;
+            // queued once.
+            unsafe { arena.rcu.call_rcu(&chunk.rcu) };
+            queued += 1;
+        }
+        list.lock.unlock();
+    }
+    queued
+}
+
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// The slow path of malloc (`alloc_slow`): after `MustRefill` on the class's slots
     /// semaphore, carve new bins (the first with its first `k` slots taken), list them, and
@@ -289,6 +325,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 drain_pending(arena, class);
                 done += retire_empty_bins(arena, class);
             }
+            done += return_empty_chunks(arena);
             if !arena.rcu.is_idle() {
                 arena.rcu.barrier(|head| self.run_callback(head));
                 done += 1;
@@ -441,7 +478,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     // went to the source (at 2^20 fresh mallocs of 4 KB, 5,731 of 7,407 pairs
                     // found one): adopt the second chunk too, its bins signalled beyond our
                     // promise (INV(SEM4)), rather than a trip back to the source.
-                    self.adopt_unpromised(ai, kind, second);
+                    // SAFETY: the second half of our pair, unused.
+                    unsafe { self.adopt_extra(ai, kind, second) };
                 }
                 return first;
             }
@@ -507,9 +545,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         base as u64
     }
 
-    /// [`adopt`](Self::adopt) of a chunk nobody waits for (no bin taken, no promise): its bins'
-    /// units are added to the arena's bins semaphore.
-    fn adopt_unpromised(&self, ai: usize, kind: BinKind, base: *mut u8) {
+    /// Adopt `base`, a chunk from the source that nobody waits for, for arena `ai` as a chunk
+    /// of `kind`, with none of its bins taken: it is listed and its bins' units are added to
+    /// the arena's bins semaphore (no promise; INV(SEM4)). The second chunk of a pair whose
+    /// arena got a spare meanwhile (`adopt_chunk`). If none of its bins is ever carved, no
+    /// bin's return gives it back: `trim` does ([`return_empty_chunks`](Self::return_empty_chunks)).
+    ///
+    /// # Safety
+    /// `base` came from this UAlloc's source (`alloc_chunk` or a pair's half) and is used by
+    /// nobody else.
+    pub unsafe fn adopt_extra(&self, ai: usize, kind: BinKind, base: *mut u8) {
         let ks = self.arenas[ai].kind(kind);
         // SAFETY: a fresh chunk from the source is ours alone.
         let chunk = unsafe { ChunkHeader::adopt(base as usize, ai as u32, kind, 0) };
