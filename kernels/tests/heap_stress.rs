@@ -391,41 +391,61 @@ fn stocked_spares_serve_first_adoptions_and_go_back_to_the_tree() {
     );
 }
 
-/// While the tree holds at least eight chunks per arena, an adoption takes two chunks in one
-/// allocation and keeps the second as the arena's spare: the next adoption of that kind takes
-/// no chunk from the tree. Then eight threads of one arena take 4 KiB blocks at once until the
-/// heap runs out, where adoptions may race: every block is disjoint and intact, and everything
-/// comes back. (The race in which a pair's arena got a spare meanwhile, so that the second
-/// chunk is adopted too, is rare on two host cores; a fresh fill of 4 KiB on the GPU takes
-/// that path thousands of times, `heap_gpu` and the sanitizers run it there.)
+/// While at most a quarter of the tree's chunks are out (and it holds 16 per arena), an
+/// adoption takes four chunks in one allocation: it adopts the first, keeps the second as the
+/// arena's spare and adopts the other two, so the tree is asked again only after four chunks'
+/// worth of blocks. With more out (and still eight per arena) it takes two, the second the
+/// spare. Then eight threads of one arena take 4 KiB blocks at once until the heap runs out,
+/// where adoptions may race: every block is disjoint and intact, and everything comes back.
+/// (The race in which the arena got a spare meanwhile, so that the second chunk is adopted
+/// too, is rare on two host cores; a fresh fill of 4 KiB on the GPU takes that path thousands
+/// of times, `heap_gpu` and the sanitizers run it there.)
 #[test]
-fn adoptions_take_chunks_in_pairs_and_race_safely() {
+fn adoptions_take_chunks_in_runs_and_race_safely() {
     let h = HostHeap::new(64 << 20, 2);
     let heap = h.heap();
     let pages = h.geometry.pages;
     let chunk_pages = (CHUNK_SIZE / 4096) as u64;
-    // The first adoption of the small kind: a pair from the tree, one adopted, one the spare.
+    // The first adoption of the small kind: four chunks from the tree.
     let first = heap.malloc(16);
     assert!(!first.is_null());
-    assert_eq!(heap.buddy().free_pages(), pages - 2 * chunk_pages);
-    assert_eq!(heap_reserved(&h), 2 * CHUNK_SIZE as u64);
-    // 16 B blocks until the tree gives more: the second adoption took the spare, so the tree
-    // moves again only at the third, by a pair, after more than one chunk's worth of blocks.
+    assert_eq!(heap.buddy().free_pages(), pages - 4 * chunk_pages);
+    assert_eq!(heap_reserved(&h), 4 * CHUNK_SIZE as u64);
+    // 16 B blocks until the tree gives more: three chunks adopted and the spare serve more
+    // than three chunks' worth of blocks; then four chunks again (a quarter is not out yet).
     let mut small = vec![first];
-    while heap.buddy().free_pages() == pages - 2 * chunk_pages {
+    while heap.buddy().free_pages() == pages - 4 * chunk_pages {
         let p = heap.malloc(16);
         assert!(!p.is_null());
         small.push(p);
     }
-    assert_eq!(heap.buddy().free_pages(), pages - 4 * chunk_pages);
+    assert_eq!(heap.buddy().free_pages(), pages - 8 * chunk_pages);
     assert!(
-        small.len() > CHUNK_SIZE / 16,
+        small.len() > 3 * CHUNK_SIZE / 16,
         "the tree was asked again after {} blocks of 16 B",
         small.len()
     );
     for &p in &small {
         // SAFETY: live blocks, freed once.
         unsafe { heap.free(p) };
+    }
+    heap.trim();
+    assert_eq!(
+        heap.buddy().free_pages(),
+        pages,
+        "the trim gave every chunk back"
+    );
+    // Half the heap out: an adoption of the large kind takes a pair.
+    let half = heap.malloc(pages as usize * 4096 / 2);
+    assert!(!half.is_null());
+    let before = heap.buddy().free_pages();
+    let p = heap.malloc(1000);
+    assert!(!p.is_null());
+    assert_eq!(heap.buddy().free_pages(), before - 2 * chunk_pages);
+    // SAFETY: live blocks, freed once.
+    unsafe {
+        heap.free(p);
+        heap.free(half);
     }
     // Racing adoptions: eight threads of arena 0, 4 KiB each, until the heap runs out.
     let got: Vec<Vec<usize>> = std::thread::scope(|s| {

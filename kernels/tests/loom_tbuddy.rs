@@ -427,3 +427,31 @@ fn a_pairs_halves_are_freed_at_once() {
         );
     });
 }
+
+/// The whole tree as four pages from one allocation (`alloc_split(0, 2)`); two threads free two
+/// pages each (thread A pages 0 and 2, thread B pages 1 and 3): the pages of the run merge
+/// back to the root as pages split one by one do.
+#[test]
+fn a_runs_pages_are_freed_at_once() {
+    loom::model(|| {
+        let tree = Tree::new(PAGES);
+        let view = tree.view();
+        let run = view.alloc_split(0, MAX_ORDER).expect("a fresh tree");
+        assert_eq!(run, 0);
+        assert_eq!(view.alloc(0), None);
+        let page = |i: u64| run + i * PAGE_SIZE as u64;
+        let (a, b) = ([page(0), page(2)], [page(1), page(3)]);
+        let other = {
+            let tree = tree.clone();
+            thread::spawn(move || b.iter().for_each(|&p| tree.view().free(p, 0)))
+        };
+        a.iter().for_each(|&p| view.free(p, 0));
+        other.join().unwrap();
+        view.assert_valid();
+        assert_eq!(
+            view.alloc(MAX_ORDER),
+            Some(0),
+            "the run's pages did not merge back to the root"
+        );
+    });
+}

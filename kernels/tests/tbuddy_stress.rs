@@ -421,28 +421,40 @@ fn simultaneous_frees_merge_back_to_the_root() {
     });
 }
 
-/// `alloc_pair` hands out two live blocks of an order in one allocation: the tree stays valid
-/// with both halves live, each half is freed on its own (in either order, or both at once
-/// from two threads), and the pages merge back into the root.
+/// `alloc_split(order, levels)` (`alloc_pair` for one level) hands out `2^levels` live blocks
+/// of an order in one allocation: the tree stays valid with all of them live, each is freed on
+/// its own (in order, in reverse, or all at once from as many threads), and the pages merge
+/// back into the root.
 #[test]
-fn pairs_are_freed_half_by_half() {
+fn split_runs_are_freed_block_by_block() {
     with_deadline(|| {
         const MAX_ORDER: u32 = 4;
         let pages = 1u64 << MAX_ORDER;
         let heap = DeviceHeap::new(MAX_ORDER, pages);
-        for round in 0..200 {
+        for round in 0..300u32 {
             let tree = heap.tree();
-            let order = round % MAX_ORDER;
-            let half = (PAGE_SIZE as u64) << order;
-            let mut pairs = Vec::new();
-            while let Some(off) = tree.alloc_pair(order) {
-                assert_eq!(off % (2 * half), 0, "a pair aligned to its size");
-                pairs.push(off);
+            let levels = 1 + round % 2;
+            let order = round % (MAX_ORDER + 1 - levels);
+            let block = (PAGE_SIZE as u64) << order;
+            let mut runs = Vec::new();
+            loop {
+                let run = if levels == 1 {
+                    tree.alloc_pair(order)
+                } else {
+                    tree.alloc_split(order, levels)
+                };
+                let Some(off) = run else { break };
+                assert_eq!(off % (block << levels), 0, "a run aligned to its size");
+                runs.push(off);
             }
-            assert_eq!(pairs.len() as u64, pages >> (order + 1), "round {round}");
-            let live: Vec<(u64, u32)> = pairs
+            assert_eq!(
+                runs.len() as u64,
+                pages >> (order + levels),
+                "round {round}"
+            );
+            let live: Vec<(u64, u32)> = runs
                 .iter()
-                .flat_map(|&off| [(off, order), (off + half, order)])
+                .flat_map(|&off| (0..1u64 << levels).map(move |i| (off + i * block, order)))
                 .collect();
             tree.assert_valid_after(&live);
             assert_eq!(
@@ -464,7 +476,7 @@ fn pairs_are_freed_half_by_half() {
             assert_eq!(
                 tree.alloc(MAX_ORDER),
                 Some(0),
-                "round {round}: the halves did not merge back into the root"
+                "round {round}: the blocks did not merge back into the root"
             );
             tree.free(0, MAX_ORDER);
         }

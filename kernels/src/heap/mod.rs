@@ -351,12 +351,12 @@ impl ChunkSource for HeapChunks<'_> {
         Some(unsafe { heap.data.add(offset as usize) })
     }
 
-    /// Two chunks from the tree in one allocation (`TBuddy::alloc_pair`), without growing the
-    /// heap: a growable heap's growth is for the chunk that was asked for.
-    fn alloc_chunk_pair(&self) -> Option<*mut u8> {
+    /// `2^log2` chunks from the tree in one allocation (`TBuddy::alloc_split`), without
+    /// growing the heap: a growable heap's growth is for the chunk that was asked for.
+    fn alloc_chunk_run(&self, log2: u32) -> Option<*mut u8> {
         let heap = self.heap;
-        let offset = heap.buddy.alloc_pair(CHUNK_ORDER)?;
-        add_reserved(heap.header, 2 * CHUNK_SIZE as u64);
+        let offset = heap.buddy.alloc_split(CHUNK_ORDER, log2)?;
+        add_reserved(heap.header, (CHUNK_SIZE as u64) << log2);
         // SAFETY: TBuddy offsets are inside the data region.
         Some(unsafe { heap.data.add(offset as usize) })
     }

@@ -539,17 +539,28 @@ impl<'a> TBuddy<'a> {
         None
     }
 
-    /// Two blocks of `order` side by side, in one allocation: [`alloc`](Self::alloc) of
-    /// `order + 1`, whose node then goes from Busy to Partial, so that each half is a live
-    /// block of `order` of its own, freed on its own (INV(TB2): both halves stay Busy;
-    /// INV(TB5): a freed half's parent is Partial). A plain store: the block is ours, and
-    /// nobody else writes its node while it is allocated (claims CAS only Available words,
-    /// and its pair lock is taken only by a free of a half). Returns the first half's offset.
+    /// Two blocks of `order` side by side, in one allocation: [`alloc_split`](Self::alloc_split)
+    /// with one level.
     pub fn alloc_pair(&self, order: u32) -> Option<u64> {
-        let offset = self.alloc(order + 1)?;
-        // Release: pairs with the acquire `lock` of the free of either half.
-        self.word(self.node_at(offset, order + 1))
-            .store_release(PARTIAL);
+        self.alloc_split(order, 1)
+    }
+
+    /// `2^levels` blocks of `order` side by side, in one allocation: [`alloc`](Self::alloc) of
+    /// `order + levels`, whose inner nodes above `order` then go from Busy to Partial, top
+    /// down, so that each block of `order` is a live block of its own, freed on its own
+    /// (INV(TB2): the blocks stay Busy; INV(TB5): a freed block's parent is Partial). Plain
+    /// stores: the block is ours, and nobody else writes its nodes while it is allocated
+    /// (claims CAS only Available words, and a pair lock is taken only by a free of a block
+    /// below it). Returns the first block's offset.
+    pub fn alloc_split(&self, order: u32, levels: u32) -> Option<u64> {
+        let offset = self.alloc(order + levels)?;
+        let top = self.node_at(offset, order + levels);
+        for depth in 0..levels {
+            for i in 0..1u32 << depth {
+                // Release: pairs with the acquire `lock` of the free of a block below.
+                self.word(Node(top.0 << depth | i)).store_release(PARTIAL);
+            }
+        }
         Some(offset)
     }
 

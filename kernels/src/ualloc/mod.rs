@@ -76,11 +76,12 @@ pub trait ChunkSource {
     /// `chunk` came from `alloc_chunk` of this source and is not used any more.
     unsafe fn free_chunk(&self, chunk: *mut u8);
 
-    /// Two chunks side by side (the first's address; `2 * CHUNK_SIZE` bytes, `CHUNK_SIZE`-
-    /// aligned), each given back on its own with `free_chunk`; `None` when the source has no
-    /// such pair at hand (default: never), and the caller takes one chunk instead. One trip
-    /// to the source for two chunks: UAlloc keeps the second as the arena's spare.
-    fn alloc_chunk_pair(&self) -> Option<*mut u8> {
+    /// `2^log2` chunks side by side (the first's address, `CHUNK_SIZE`-aligned), each given
+    /// back on its own with `free_chunk`; `None` when the source has no such run at hand
+    /// (default: never), and the caller takes one chunk instead. One trip to the source for
+    /// several chunks: UAlloc keeps the second as the arena's spare and adopts the others.
+    fn alloc_chunk_run(&self, log2: u32) -> Option<*mut u8> {
+        let _ = log2;
         None
     }
 
