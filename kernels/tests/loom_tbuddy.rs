@@ -177,20 +177,26 @@ fn sibling_frees_race_to_the_root() {
                 .find(|&p| p == i * PAGE_SIZE as u64)
                 .unwrap()
         };
-        let (a, b) = ([page(0), page(2)], [page(1), page(3)]);
-        let other = {
-            let tree = tree.clone();
-            thread::spawn(move || b.iter().for_each(|&p| tree.view().free(p, 0)))
-        };
-        a.iter().for_each(|&p| view.free(p, 0));
-        other.join().unwrap();
-        view.assert_valid();
-        assert_eq!(
-            view.alloc(MAX_ORDER),
-            Some(0),
-            "the pages did not merge back to the root"
-        );
+        race_frees_to_the_root(&tree, [page(0), page(2)], [page(1), page(3)]);
     });
+}
+
+/// Thread A frees the pages `a`, thread B the pages `b`, at once; then the tree must be valid
+/// and whole again (a block of the root's order at 0).
+fn race_frees_to_the_root(tree: &Arc<Tree>, a: [u64; 2], b: [u64; 2]) {
+    let other = {
+        let tree = tree.clone();
+        thread::spawn(move || b.iter().for_each(|&p| tree.view().free(p, 0)))
+    };
+    let view = tree.view();
+    a.iter().for_each(|&p| view.free(p, 0));
+    other.join().unwrap();
+    view.assert_valid();
+    assert_eq!(
+        view.alloc(MAX_ORDER),
+        Some(0),
+        "the pages did not merge back to the root"
+    );
 }
 
 /// Page 3 is Available with its unit free; thread B frees page 2 (its buddy) while thread A
@@ -440,18 +446,6 @@ fn a_runs_pages_are_freed_at_once() {
         assert_eq!(run, 0);
         assert_eq!(view.alloc(0), None);
         let page = |i: u64| run + i * PAGE_SIZE as u64;
-        let (a, b) = ([page(0), page(2)], [page(1), page(3)]);
-        let other = {
-            let tree = tree.clone();
-            thread::spawn(move || b.iter().for_each(|&p| tree.view().free(p, 0)))
-        };
-        a.iter().for_each(|&p| view.free(p, 0));
-        other.join().unwrap();
-        view.assert_valid();
-        assert_eq!(
-            view.alloc(MAX_ORDER),
-            Some(0),
-            "the run's pages did not merge back to the root"
-        );
+        race_frees_to_the_root(&tree, [page(0), page(2)], [page(1), page(3)]);
     });
 }
