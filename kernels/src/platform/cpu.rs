@@ -169,6 +169,11 @@ pub fn shfl_down_u32(mask: u32, value: u32, _delta: u32) -> u32 {
 pub fn or_whole_warp_u64(value: u64) -> u64 {
     value
 }
+/// [`or_whole_warp_u64`] of two values: these values (a warp of one lane).
+#[inline]
+pub fn or_whole_warp_u64_pair(a: u64, b: u64) -> (u64, u64) {
+    (a, b)
+}
 #[inline]
 pub fn sync_warp(mask: u32) {
     debug_assert_eq!(mask, 1);

@@ -289,6 +289,34 @@ pub fn or_whole_warp_u64(value: u64) -> u64 {
     step(step(step(step(step(value, 16), 8), 4), 2), 1)
 }
 
+/// [`or_whole_warp_u64`] of two values at once: the two butterflies step together, so the
+/// shuffles of one step are issued back to back and their latencies overlap. Convergence: all
+/// 32 lanes must call it.
+#[inline(always)]
+pub fn or_whole_warp_u64_pair(a: u64, b: u64) -> (u64, u64) {
+    #[inline(always)]
+    fn step((a, b): (u64, u64), delta: u32) -> (u64, u64) {
+        let (al, ah, bl, bh): (u32, u32, u32, u32);
+        // SAFETY: every lane of the warp calls it (the caller's contract).
+        unsafe {
+            asm!("shfl.sync.bfly.b32 {0}, {4}, {8}, 0x1f, 0xffffffff;",
+                 "shfl.sync.bfly.b32 {1}, {5}, {8}, 0x1f, 0xffffffff;",
+                 "shfl.sync.bfly.b32 {2}, {6}, {8}, 0x1f, 0xffffffff;",
+                 "shfl.sync.bfly.b32 {3}, {7}, {8}, 0x1f, 0xffffffff;",
+                out(reg32) al, out(reg32) ah, out(reg32) bl, out(reg32) bh,
+                in(reg32) a as u32, in(reg32) (a >> 32) as u32,
+                in(reg32) b as u32, in(reg32) (b >> 32) as u32,
+                in(reg32) delta, options(nomem, nostack));
+        }
+        (
+            a | (ah as u64) << 32 | al as u64,
+            b | (bh as u64) << 32 | bl as u64,
+        )
+    }
+    // Written out, as in `or_whole_warp_u64`.
+    step(step(step(step(step((a, b), 16), 8), 4), 2), 1)
+}
+
 /// `bar.warp.sync`: lanes of `mask` wait for each other; also orders their memory accesses
 /// among themselves.
 #[inline(always)]

@@ -287,22 +287,33 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             // constant full mask, 10 shuffles. (Uniform: a full group is the only group.)
             platform::or_whole_warp_u64(1u64 << bit_index)
         } else if platform::active_mask() == u32::MAX {
-            // Every lane of the warp is here, in several groups (a warp's 64 B or 1 KB blocks
-            // over two bins' words): each lane gathers its own group's bits, all groups at
-            // once, with full-mask shuffles; the loop runs as often as the largest group has
-            // lanes. (Uniform: every lane sees the full mask and no full group.)
+            // Every lane of the warp is here, in several groups (a warp's 64 B, 1 KB or 4 KB
+            // blocks over two bins' words): a full-mask butterfly per group, in which only the
+            // group's lanes contribute, two groups at a time stepping together; the loop runs
+            // once per two groups. (Uniform: every lane sees the full mask and the same
+            // leaders.) A gather of one shuffle per lane ran as often as the largest group has
+            // lanes: 21.6 rounds per warp of a 4 KB free, a tenth of its stall samples (ncu).
+            let mine = 1u64 << bit_index;
+            let leader = group.leader();
+            let mut leaders = platform::ballot(u32::MAX, group.is_leader());
             let mut bits = 0u64;
-            let mut rest = group.mask();
-            while platform::ballot(u32::MAX, rest != 0) != 0 {
-                let src = if rest != 0 {
-                    rest.trailing_zeros()
+            while leaders != 0 {
+                let first = leaders.trailing_zeros();
+                leaders &= leaders - 1;
+                let second = if leaders != 0 {
+                    leaders.trailing_zeros()
                 } else {
-                    platform::lane_id()
+                    u32::MAX
                 };
-                let b = platform::shfl_idx_u32(u32::MAX, bit_index, src);
-                if rest != 0 {
-                    bits |= 1u64 << b;
-                    rest &= rest - 1;
+                leaders &= leaders.wrapping_sub(1);
+                let (a, b) = platform::or_whole_warp_u64_pair(
+                    if leader == first { mine } else { 0 },
+                    if leader == second { mine } else { 0 },
+                );
+                if leader == first {
+                    bits = a;
+                } else if leader == second {
+                    bits = b;
                 }
             }
             bits
