@@ -401,7 +401,7 @@ fn grow_converts_the_buddy_of_a_block_being_freed() {
     });
 }
 
-/// A pair of pages from one allocation (`alloc_pair`: pages 0–1 as two live blocks) while
+/// A pair of pages from one allocation (`alloc_split(0, 1)`: pages 0–1 as two live blocks) while
 /// another thread takes a page: the three blocks are disjoint. Then the pair's halves are freed
 /// at once by two threads, and the other page: everything merges back to the root.
 #[test]
@@ -412,7 +412,7 @@ fn a_pairs_halves_are_freed_at_once() {
             let tree = tree.clone();
             thread::spawn(move || tree.view().alloc(0).expect("4 pages, 3 wanted"))
         };
-        let pair = tree.view().alloc_pair(0).expect("4 pages, 3 wanted");
+        let pair = tree.view().alloc_split(0, 1).expect("4 pages, 3 wanted");
         let page = other.join().unwrap();
         for half in [pair, pair + PAGE_SIZE as u64] {
             assert!(disjoint(span(half, 0), span(page, 0)));

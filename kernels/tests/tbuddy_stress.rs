@@ -421,7 +421,7 @@ fn simultaneous_frees_merge_back_to_the_root() {
     });
 }
 
-/// `alloc_split(order, levels)` (`alloc_pair` for one level) hands out `2^levels` live blocks
+/// `alloc_split(order, levels)` hands out `2^levels` live blocks
 /// of an order in one allocation: the tree stays valid with all of them live, each is freed on
 /// its own (in order, in reverse, or all at once from as many threads), and the pages merge
 /// back into the root.
@@ -437,13 +437,7 @@ fn split_runs_are_freed_block_by_block() {
             let order = round % (MAX_ORDER + 1 - levels);
             let block = (PAGE_SIZE as u64) << order;
             let mut runs = Vec::new();
-            loop {
-                let run = if levels == 1 {
-                    tree.alloc_pair(order)
-                } else {
-                    tree.alloc_split(order, levels)
-                };
-                let Some(off) = run else { break };
+            while let Some(off) = tree.alloc_split(order, levels) {
                 assert_eq!(off % (block << levels), 0, "a run aligned to its size");
                 runs.push(off);
             }

@@ -539,12 +539,6 @@ impl<'a> TBuddy<'a> {
         None
     }
 
-    /// Two blocks of `order` side by side, in one allocation: [`alloc_split`](Self::alloc_split)
-    /// with one level.
-    pub fn alloc_pair(&self, order: u32) -> Option<u64> {
-        self.alloc_split(order, 1)
-    }
-
     /// `2^levels` blocks of `order` side by side, in one allocation: [`alloc`](Self::alloc) of
     /// `order + levels`, whose inner nodes above `order` then go from Busy to Partial, top
     /// down, so that each block of `order` is a live block of its own, freed on its own

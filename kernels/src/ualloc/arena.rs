@@ -341,6 +341,17 @@ impl ChunkList {
         chunk.listed.store_relaxed(0);
     }
 
+    /// Take `chunk`, all of whose bins are free and whose bins' units the caller took back,
+    /// off both lists and out of UAlloc (under `lock`); the caller then queues its return to
+    /// the source behind a grace period.
+    pub(crate) fn unlist_locked(&self, chunk: &ChunkHeader) {
+        self.unlink_partial_locked(chunk);
+        self.unlink_all_locked(chunk);
+        // INV(UA8): no longer UAlloc's. Relaxed: the grace period orders it before the chunk
+        // goes back (the release in `call_rcu` publishes it to the owner).
+        chunk.magic.store_relaxed(0);
+    }
+
     /// Add `chunk` to the list of all chunks (under `lock`).
     pub(crate) fn push_all_locked(&self, chunk: &ChunkHeader) {
         let me = chunk.base() as u64;

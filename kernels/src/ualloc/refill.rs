@@ -53,7 +53,7 @@ const MAX_JOINS: u32 = 4096;
 pub(crate) const PLENTY_CHUNKS_PER_ARENA: usize = 4;
 
 /// Chunks per arena the source must still hold for an adoption to take two chunks in one trip
-/// (`ChunkSource::alloc_chunk_pair`) and keep the second as the arena's spare: twice the
+/// (`ChunkSource::alloc_chunk_run`) and keep the second as the arena's spare: twice the
 /// bound below which chunks are scarce, so that spares never hold the last of them.
 pub(crate) const PAIR_CHUNKS_PER_ARENA: usize = 8;
 
@@ -136,10 +136,7 @@ fn return_empty_chunks(arena: &Arena) -> u32 {
             if chunk.n_free.load_relaxed() != per || !ks.bins.0.try_wait(per) {
                 continue;
             }
-            list.unlink_partial_locked(chunk);
-            list.unlink_all_locked(chunk);
-            // INV(UA8): no longer UAlloc's (ordered before the return by the grace period).
-            chunk.magic.store_relaxed(0);
+            list.unlist_locked(chunk);
             // SAFETY: off every list; its header stays valid until the callback frees it;
             // queued once.
             unsafe { arena.rcu.call_rcu(&chunk.rcu) };
@@ -545,8 +542,15 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// Adopt the chunk at `base` for arena `ai` with its first `k` bins taken; list it and
-    /// signal the other bins. Returns `base`.
+    /// signal the other bins against the adoption's promise. Returns `base`.
     fn adopt(&self, ai: usize, kind: BinKind, k: u32, base: *mut u8) -> u64 {
+        let per = bins_per_chunk(kind);
+        self.adopt_against(ai, kind, k, base, per - k)
+    }
+
+    /// [`adopt`](Self::adopt), signalling the free bins against a promise of `promised`
+    /// (INV(SEM4): 0 for a chunk nobody waits for).
+    fn adopt_against(&self, ai: usize, kind: BinKind, k: u32, base: *mut u8, promised: u32) -> u64 {
         let ks = self.arenas[ai].kind(kind);
         let per = bins_per_chunk(kind);
         debug_assert!(
@@ -563,30 +567,22 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         list.lock.unlock();
         // INV(UA9): listed before its units are.
-        ks.bins.0.signal(per - k, per - k);
+        ks.bins.0.signal(per - k, promised);
         base as u64
     }
 
     /// Adopt `base`, a chunk from the source that nobody waits for, for arena `ai` as a chunk
     /// of `kind`, with none of its bins taken: it is listed and its bins' units are added to
-    /// the arena's bins semaphore (no promise; INV(SEM4)). The second chunk of a pair whose
-    /// arena got a spare meanwhile (`adopt_chunk`). If none of its bins is ever carved, no
-    /// bin's return gives it back: `trim` does ([`return_empty_chunks`](Self::return_empty_chunks)).
+    /// the arena's bins semaphore beyond any promise (INV(SEM4)). The chunks of a run after
+    /// the spare, and the spare's chunk too when the arena got one meanwhile (`adopt_chunk`).
+    /// If none of its bins is ever carved, no bin's return gives it back: `trim` does
+    /// (`return_empty_chunks`).
     ///
     /// # Safety
-    /// `base` came from this UAlloc's source (`alloc_chunk` or a pair's half) and is used by
+    /// `base` came from this UAlloc's source (`alloc_chunk` or a run's chunk) and is used by
     /// nobody else.
     pub unsafe fn adopt_extra(&self, ai: usize, kind: BinKind, base: *mut u8) {
-        let ks = self.arenas[ai].kind(kind);
-        // SAFETY: a fresh chunk from the source is ours alone.
-        let chunk = unsafe { ChunkHeader::adopt(base as usize, ai as u32, kind, 0) };
-        let list = &ks.chunks.0;
-        list.lock.lock_single();
-        list.push_all_locked(chunk);
-        list.push_partial_locked(chunk);
-        list.lock.unlock();
-        // INV(UA9): listed before its units are.
-        ks.bins.0.release(bins_per_chunk(kind));
+        self.adopt_against(ai, kind, 0, base, 0);
     }
 
     /// The arena's spare chunk of this kind, if it still has one (INV(UA14)): a load, and a
@@ -680,11 +676,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 return;
             }
             if ks.bins.0.try_wait(per - 1) {
-                list.unlink_partial_locked(chunk);
-                list.unlink_all_locked(chunk);
-                // INV(UA8): no longer UAlloc's. Relaxed: the grace period below orders it before
-                // the chunk goes back (the release in `call_rcu` publishes it to the owner).
-                chunk.magic.store_relaxed(0);
+                list.unlist_locked(chunk);
                 list.lock.unlock();
                 // SAFETY: the chunk is off every list; its header stays valid until the
                 // callback frees it; queued once.
