@@ -8,10 +8,10 @@
 //! ```text
 //!   readers (most threads)                 writers (few)
 //!   ───────────────────────                ───────────────────────────────────────────
-//!   e = epoch (a load)                     unlink node (under the structure's own mutex)
-//!   readers[e & 1] += 1, reading the       call_rcu(node)      → queue ─┐
-//!     epoch (one RMW): still e & 1?        barrier_conditional(run)     │
-//!     no → readers[e & 1] -= 1, retry        owner?  ── no: return (PENDING tells the owner)
+//!   readers[0] += 1, readers[1] += 1,      unlink node (under the structure's own mutex)
+//!     reading the epoch e (one RMW)        call_rcu(node)      → queue ─┐
+//!   readers[!(e & 1)] -= 1 (not waited     barrier_conditional(run)     │
+//!     for)                                   owner?  ── no: return (PENDING tells the owner)
 //!   ... walk the structure ...               yes: take the queue ◄──────┘
 //!   readers[e & 1] -= 1                           epoch += 1
 //!                                                 wait until readers[old & 1] == 0
@@ -28,14 +28,17 @@
 //!
 //! # One word for the epoch and both counts (INV(RCU1), INV(RCU2))
 //! The epoch and the two reader counts share one 64-bit word (`state`, layout below), so a
-//! reader enters with one load (a guess of the parity) and one acquire RMW that both counts
-//! itself and reads the epoch it counted in; the owner bumps the epoch with an RMW on the same
-//! word. RMWs on one word are totally ordered and each reads the newest value, so either the
-//! reader's add comes first (the owner's bump then includes the count, and its wait sees it) or
+//! reader enters with one acquire RMW that counts itself in *both* parities and reads the
+//! epoch; it then takes itself out of the parity it does not belong to with an RMW whose
+//! result nobody waits for. The owner bumps the epoch with an RMW on the same word. RMWs on one
+//! word are totally ordered and each reads the newest value, so either the reader's add comes
+//! first (the owner's bump then includes the count of the old parity, and its wait sees it) or
 //! the owner's bump does (the reader's acquire reads the bump or later, so every unlink queued
-//! before the bump is visible to it, or it counted in the wrong parity and enters again). No
-//! fence on the entry: a walk costs one MEMBAR fewer than with separate words, which needed a
-//! fence between the count and the epoch re-read. Callers that must also release their earlier
+//! before the bump is visible to it, and it belongs to the new parity). The extra count only
+//! ever makes an owner wait longer, and it is taken back without waiting for anything. No
+//! fence on the entry and one round trip to memory: a walk costs one MEMBAR fewer than with
+//! separate words, and one load fewer than a guess of the parity before the RMW (which then
+//! had to retry when the guess was stale). Callers that must also release their earlier
 //! writes (`free`) enter with [`Srcu::read_lock_fenced`].
 //!
 //! ```text
@@ -111,8 +114,8 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 const EPOCH_SHIFT: u32 = 56;
 
 // A count never carries into the next field: at most every thread resident on the GPU is
-// inside (which the TBuddy semaphores' R field bounds, INV(SEM2)), plus one stale entry each
-// that is about to be taken back (`read_lock`).
+// inside (which the TBuddy semaphores' R field bounds, INV(SEM2)), plus one entry each in
+// the other parity that is about to be taken back (`read_lock`).
 const _: () = assert!(
     2 * crate::bulk_semaphore::Fields::<crate::bulk_semaphore::Global>::MAX_RESERVED as u64
         <= COUNT_MASK
@@ -173,27 +176,19 @@ impl Srcu {
     }
 
     /// Enter a read section: until the guard drops, no callback queued after anything this
-    /// section can still reach was unlinked runs (INV(RCU1)). One load and one RMW on the common
-    /// path, and no fence (module doc).
+    /// section can still reach was unlinked runs (INV(RCU1)). One RMW waited for, one not, and
+    /// no fence (module doc).
     #[inline]
     pub fn read_lock(&self) -> SrcuReader<'_> {
-        // Relaxed: only a guess of the parity; the RMW below checks it.
-        let mut e = self.state.0.load_relaxed() >> EPOCH_SHIFT;
-        loop {
-            let parity = (e & 1) as usize;
-            // Acquire: the section's reads come after a bump this RMW reads (module doc). The
-            // count and the epoch it is checked against are one word, so no fence is needed
-            // to keep the count before the check.
-            let now = self.state.0.fetch_add_acquire(unit(parity)) >> EPOCH_SHIFT;
-            if (now ^ e) & 1 == 0 {
-                return SrcuReader { srcu: self, parity };
-            }
-            // Counted in the parity of an epoch that has ended: the owner may have already
-            // checked it. Leave and enter again in the new one (release: pairs with the owner's
-            // acquire load of the count, as in `drop`).
-            self.state.0.fetch_sub_release(unit(parity));
-            e = now;
-        }
+        // Acquire: the section's reads come after a bump this RMW reads (module doc). It counts
+        // the reader in both parities and reads the epoch in one step, so the parity needs no
+        // guess (a load of the hot word before the RMW was one round trip more per section).
+        let now = self.state.0.fetch_add_acquire(unit(0) | unit(1)) >> EPOCH_SHIFT;
+        let parity = (now & 1) as usize;
+        // Relaxed, and not waited for: the count in the other parity guards nothing of ours.
+        // Until it lands, an owner waiting on that parity only waits a little longer.
+        self.state.0.fetch_sub_relaxed(unit(1 - parity));
+        SrcuReader { srcu: self, parity }
     }
 
     /// [`read_lock`](Self::read_lock) after a full fence: everything this thread wrote before

@@ -149,8 +149,8 @@ fn classic_barrier_waits_for_own_callback() {
     });
 }
 
-/// Two readers and two back-to-back grace periods: a reader that read a stale epoch retries,
-/// and both parities drain.
+/// Two readers and two back-to-back grace periods: a reader counted in both parities for a
+/// moment delays an owner at most, and both parities drain.
 #[test]
 fn readers_across_two_grace_periods() {
     loom::model(|| {
