@@ -68,6 +68,10 @@ macro_rules! cpu_atomic {
                 self.0.fetch_or(v, AcqRel)
             }
             #[inline]
+            pub fn fetch_or_release(&self, v: $t) -> $t {
+                self.0.fetch_or(v, Release)
+            }
+            #[inline]
             pub fn fetch_and_relaxed(&self, v: $t) -> $t {
                 self.0.fetch_and(v, Relaxed)
             }

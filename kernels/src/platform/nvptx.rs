@@ -110,6 +110,7 @@ macro_rules! atomic_type {
             rmw!(fetch_or_relaxed, $t, $reg, "relaxed", "or.b", $bits);
             rmw!(fetch_or_acquire, $t, $reg, "acquire", "or.b", $bits);
             rmw!(fetch_or_acq_rel, $t, $reg, "acq_rel", "or.b", $bits);
+            rmw!(fetch_or_release, $t, $reg, "release", "or.b", $bits);
             rmw!(fetch_and_relaxed, $t, $reg, "relaxed", "and.b", $bits);
             rmw!(fetch_and_acquire, $t, $reg, "acquire", "and.b", $bits);
             rmw!(fetch_and_acq_rel, $t, $reg, "acq_rel", "and.b", $bits);

@@ -17,8 +17,15 @@
 //!   a summary bit only after the word below became empty, then re-reads, bottom-up, every word
 //!   whose summary it cleared and sets the bit again where a concurrent [`AvailIndex::set`]
 //!   refilled it (a setter stops climbing at the first word that was not empty, which may be
-//!   one whose summary the clear removes after). All updates are acq_rel RMWs, so of a clear
-//!   and a set that race on one summary bit, the later one sees the other's word.
+//!   one whose summary the clear removes after). A set's RMWs on summary words are releases
+//!   and a clear's RMWs are acq_rel, so of a clear and a set that race on one summary bit, the
+//!   later one sees the other's word. A set's RMW on a layer-0 word is relaxed: nothing reads
+//!   through a layer-0 bit (the node word decides), and the release of the summary above it,
+//!   when there is one, orders it. Until 2026-11-26 that RMW was acq_rel too: a MEMBAR on the
+//!   GPU in every split, every make-Available and every free of the tree. (A clear with a
+//!   relaxed layer-0 RMW and acquire summaries passed the loom models as well and made one
+//!   thread's mallocs 8% faster, but a fresh fill of 2^20 × 4 KiB 9% slower, on an H100; not
+//!   kept, `docs/benchmarks.md`.)
 //!   `tests/loom_index.rs` models the race; an earlier version that stopped re-checking at
 //!   the first refilled word lost a top-level summary there, and on the GPU that hid free
 //!   blocks from every search.
@@ -112,9 +119,18 @@ impl<'a> AvailIndex<'a> {
     fn set_from(&self, mut layer: u32, mut pos: u32) {
         loop {
             let (w, bit) = word_bit(pos);
-            // Acq_rel: the release half publishes the lower layers' bits to whoever reads this
-            // summary (the acquire loads in `find` and the re-check in `clear`).
-            let old = self.word(layer, w).fetch_or_acq_rel(bit);
+            let word = self.word(layer, w);
+            // A summary bit (layer > 0) with release: the word below that it summarizes (our
+            // own bit there, or a racing setter's that the re-check in `clear` saw) happens
+            // before whoever acquires this summary (`find`'s loads, and a clear whose acq_rel
+            // `fetch_and` of it reads our bit, whose re-check then sees the word non-empty;
+            // module doc). A layer-0 bit summarizes nothing: relaxed. Each release is a MEMBAR
+            // on the GPU; the common set, into a word that was not empty, has none.
+            let old = if layer == 0 {
+                word.fetch_or_relaxed(bit)
+            } else {
+                word.fetch_or_release(bit)
+            };
             if old != 0 || layer == self.top {
                 return;
             }
