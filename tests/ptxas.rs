@@ -323,9 +323,10 @@ fn gpu_scoped_atomics_name_the_global_state_space() {
     let mut checked = 0;
     for (n, line) in ptx.lines().enumerate() {
         let l = line.trim();
-        let atomic = l.starts_with("atom.") || l.starts_with("red.");
-        let scoped = (l.starts_with("ld.") || l.starts_with("st.")) && l.contains(".gpu.");
-        if (atomic || scoped) && l.contains(".gpu.") {
+        let access = ["atom.", "red.", "ld.", "st."]
+            .iter()
+            .any(|op| l.starts_with(op));
+        if access && l.contains(".gpu.") {
             assert!(
                 l.contains(".global."),
                 "line {}: a GPU-scoped access without `.global`: {l}",

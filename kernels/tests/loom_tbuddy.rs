@@ -177,15 +177,15 @@ fn sibling_frees_race_to_the_root() {
                 .find(|&p| p == i * PAGE_SIZE as u64)
                 .unwrap()
         };
-        race_frees_to_the_root(&tree, [page(0), page(2)], [page(1), page(3)]);
+        race_frees_to_the_root(&tree, &[page(0), page(2)], &[page(1), page(3)]);
     });
 }
 
 /// Thread A frees the pages `a`, thread B the pages `b`, at once; then the tree must be valid
 /// and whole again (a block of the root's order at 0).
-fn race_frees_to_the_root(tree: &Arc<Tree>, a: [u64; 2], b: [u64; 2]) {
+fn race_frees_to_the_root(tree: &Arc<Tree>, a: &[u64], b: &[u64]) {
     let other = {
-        let tree = tree.clone();
+        let (tree, b) = (tree.clone(), b.to_vec());
         thread::spawn(move || b.iter().for_each(|&p| tree.view().free(p, 0)))
     };
     let view = tree.view();
@@ -403,7 +403,8 @@ fn grow_converts_the_buddy_of_a_block_being_freed() {
 
 /// A pair of pages from one allocation (`alloc_split(0, 1)`: pages 0–1 as two live blocks) while
 /// another thread takes a page: the three blocks are disjoint. Then the pair's halves are freed
-/// at once by two threads, and the other page: everything merges back to the root.
+/// at once by two threads (one of them frees the other page too): everything merges back to
+/// the root.
 #[test]
 fn a_pairs_halves_are_freed_at_once() {
     loom::model(|| {
@@ -417,20 +418,7 @@ fn a_pairs_halves_are_freed_at_once() {
         for half in [pair, pair + PAGE_SIZE as u64] {
             assert!(disjoint(span(half, 0), span(page, 0)));
         }
-        let other = {
-            let tree = tree.clone();
-            thread::spawn(move || tree.view().free(pair + PAGE_SIZE as u64, 0))
-        };
-        let view = tree.view();
-        view.free(pair, 0);
-        other.join().unwrap();
-        view.free(page, 0);
-        view.assert_valid();
-        assert_eq!(
-            view.alloc(MAX_ORDER),
-            Some(0),
-            "the halves did not merge back to the root"
-        );
+        race_frees_to_the_root(&tree, &[pair, page], &[pair + PAGE_SIZE as u64]);
     });
 }
 
@@ -446,6 +434,6 @@ fn a_runs_pages_are_freed_at_once() {
         assert_eq!(run, 0);
         assert_eq!(view.alloc(0), None);
         let page = |i: u64| run + i * PAGE_SIZE as u64;
-        race_frees_to_the_root(&tree, [page(0), page(2)], [page(1), page(3)]);
+        race_frees_to_the_root(&tree, &[page(0), page(2)], &[page(1), page(3)]);
     });
 }
