@@ -470,3 +470,61 @@ fn a_warps_large_blocks_freed_together_merge_back_to_the_root() {
         assert_eq!((s.double_frees, s.invalid_frees), (0, 0), "round {round}");
     }
 }
+
+/// One lane per warp asks for 4–16 KiB, the others for nothing: 32,768 lone lanes on every SM
+/// at once take their blocks from their SMs' runs (`tbuddy::run`), stocking them as they run
+/// out. Every block is pattern-checked and freed on another stream; a trim then gives back
+/// what the runs hold, and the whole heap is one free block again.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
+fn lone_lanes_large_blocks_come_from_runs_and_go_back() {
+    let gpu = common::gpu();
+    let stream = gpu.default_stream();
+    let capacity = 1u64 << 30;
+    let heap = Heap::new(&gpu, &stream, capacity).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let large = uniform_sizes(THREADS, MAX_SMALL_SIZE as u32 + 1, 16 << 10, 11);
+    let sizes: Vec<u32> = (0..THREADS as usize)
+        .map(|i| if i % 32 == 0 { large[i] } else { 0 })
+        .collect();
+    let lone = THREADS / 32;
+    let asked: u64 = sizes
+        .iter()
+        .filter(|&&s| s > 0)
+        .map(|&s| block_bytes(s))
+        .sum();
+    let d_sizes = stream.clone_htod(&sizes).unwrap();
+    for round in 0..3u32 {
+        let mut ptrs = stream.alloc_zeros::<u64>(THREADS as usize).unwrap();
+        w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round)
+            .unwrap();
+        let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
+        let served = host_ptrs.iter().filter(|&&p| p != 0).count() as u64;
+        assert_eq!(served, lone, "round {round}: every lone lane is served");
+        let s = heap.stats(&stream).unwrap();
+        assert_eq!(
+            (s.live_blocks(), s.used_bytes),
+            (lone, asked),
+            "round {round}"
+        );
+        let other = gpu.new_stream().unwrap();
+        other.wait(&stream.record_event(None).unwrap()).unwrap();
+        let mut errors = other.alloc_zeros::<u64>(2).unwrap();
+        w.check_free(&other, &heap, &ptrs, &d_sizes, round, true, &mut errors)
+            .unwrap();
+        assert_eq!(
+            other.clone_dtoh(&errors).unwrap()[0],
+            0,
+            "round {round}: corrupted patterns"
+        );
+        stream.wait(&other.record_event(None).unwrap()).unwrap();
+        let s = heap.stats(&stream).unwrap();
+        assert_eq!((s.live_blocks(), s.used_bytes), (0, 0), "round {round}");
+        assert_eq!((s.double_frees, s.invalid_frees), (0, 0), "round {round}");
+    }
+    heap.trim(&stream).unwrap();
+    assert_eq!(heap.stats(&stream).unwrap().reserved_bytes, 0);
+    let probe = w.probe(&stream, &heap).unwrap();
+    assert_eq!(probe.free_bytes, capacity);
+    assert!(probe.whole_heap_block);
+}

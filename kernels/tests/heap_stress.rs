@@ -827,3 +827,125 @@ fn mixed_fills_of_small_heaps_leave_little_in_partly_used_bins() {
         assert_eq!(h.heap().buddy().free_pages(), h.geometry.pages);
     }
 }
+
+/// Lone lanes' large blocks of the orders that runs serve (`tbuddy::run`), 4–16 KiB, from
+/// four threads on two SMs (two threads share each run), with frees on other threads and a
+/// trim racing them all: every block is disjoint and intact (oracle), each round fills the
+/// heap until null and serves at least 90% of it (runs hold nothing back from a request that
+/// needs it, INV(TB14)), and after the last round a trim gives every page back.
+#[test]
+fn runs_of_large_blocks_race_trims_and_give_back_every_block() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 6;
+    let h = Arc::new(HostHeap::new(8 << 20, 2));
+    let oracle: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let trimmer = {
+        let (h, stop) = (h.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut work = 0u64;
+            while !stop.load(SeqCst) {
+                work += h.heap().trim() as u64;
+            }
+            work
+        })
+    };
+    for round in 0..ROUNDS {
+        let start = Arc::new(Barrier::new(THREADS));
+        let kept: Vec<Vec<(u64, u32, u64)>> = (0..THREADS)
+            .map(|t| {
+                let (h, oracle, start) = (h.clone(), oracle.clone(), start.clone());
+                std::thread::spawn(move || {
+                    toga_kernels::platform::set_sm_id(t as u32 % 2);
+                    let heap = h.heap();
+                    let mut rng = 0x51ED_2701 ^ (((round * THREADS + t) as u64 + 1) * 0x9E37_79B9);
+                    let mut live = Vec::new();
+                    start.wait();
+                    for step in 0.. {
+                        let r = xorshift(&mut rng);
+                        let size = (MAX_SMALL_SIZE as u64 + 1 + (r >> 20) % (12 << 10)) as u32;
+                        let p = heap.malloc(size as usize) as u64;
+                        if p == 0 {
+                            break;
+                        }
+                        {
+                            let mut o = oracle.lock().unwrap();
+                            if let Some((&q, &len)) = o.range(..=p).next_back() {
+                                assert!(q + len <= p, "{p:#x} overlaps {q:#x}+{len}");
+                            }
+                            if let Some((&q, _)) = o.range(p..).next() {
+                                assert!(p + size as u64 <= q, "{p:#x}+{size} overlaps {q:#x}");
+                            }
+                            o.insert(p, size as u64);
+                        }
+                        let owner = ((round * THREADS + t) << 20 | step) as u64;
+                        // SAFETY: `p` holds `size` bytes.
+                        unsafe { pattern::fill(p as *mut u8, size as usize, owner, 1) };
+                        live.push((p, size, owner));
+                    }
+                    live
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|j| j.join().unwrap())
+            .collect();
+        // Blocks of at most 16 KiB in 4–16 KiB requests: served bytes count whole blocks.
+        let served: u64 = kept
+            .iter()
+            .flatten()
+            .map(|&(_, size, _)| (size as u64).next_power_of_two())
+            .sum();
+        let heap_bytes = h.geometry.pages * 4096;
+        assert!(
+            served * 10 >= heap_bytes * 9,
+            "round {round}: {served} of {heap_bytes} bytes served before null"
+        );
+        // Free each thread's blocks on the next thread's SM.
+        let frees: Vec<_> = kept
+            .into_iter()
+            .enumerate()
+            .map(|(t, blocks)| {
+                let (h, oracle) = (h.clone(), oracle.clone());
+                std::thread::spawn(move || {
+                    toga_kernels::platform::set_sm_id((t as u32 + 1) % 2);
+                    for (p, size, owner) in blocks {
+                        // SAFETY: a live block filled for `owner`, freed once.
+                        unsafe {
+                            assert_eq!(
+                                pattern::check(p as *const u8, size as usize, owner, 1),
+                                0,
+                                "corrupted block at {p:#x}"
+                            );
+                            oracle.lock().unwrap().remove(&p).unwrap();
+                            h.heap().free(p as *mut u8);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for f in frees {
+            f.join().unwrap();
+        }
+    }
+    stop.store(true, SeqCst);
+    trimmer.join().unwrap();
+    let heap = h.heap();
+    // Runs left partly used: the stockers' first blocks and two more of each run.
+    for sm in 0..2 {
+        toga_kernels::platform::set_sm_id(sm);
+        for size in [5000, 5000, 5000, 9000, 9000, 9000] {
+            let p = heap.malloc(size);
+            assert!(!p.is_null());
+            // SAFETY: a live block, freed once.
+            unsafe { heap.free(p) };
+        }
+    }
+    assert!(heap_reserved(&h) > 0, "the runs hold blocks nobody took");
+    assert_eq!(h.stat(stat::LIVE_BYTES), 0);
+    assert_eq!(h.stat(stat::DOUBLE_FREES) + h.stat(stat::INVALID_FREES), 0);
+    heap.trim();
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
+    assert_eq!(heap_reserved(&h), 0, "a trim took every run back");
+}

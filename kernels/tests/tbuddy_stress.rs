@@ -477,6 +477,53 @@ fn split_runs_are_freed_block_by_block() {
     });
 }
 
+/// `free_run_tail` gives back the last blocks of a run (those a run of the heap held and nobody
+/// took, `tbuddy::run`) merged into aligned blocks: for every split of a run of 8 between
+/// blocks freed one by one (from another thread each) and a tail, the tree stays valid and
+/// merges back into the root.
+#[test]
+fn run_tails_are_freed_merged() {
+    with_deadline(|| {
+        const MAX_ORDER: u32 = 5;
+        const LEVELS: u32 = 3;
+        let heap = DeviceHeap::new(MAX_ORDER, 1 << MAX_ORDER);
+        for order in 0..=MAX_ORDER - LEVELS {
+            for taken in 0..=1u32 << LEVELS {
+                let tree = heap.tree();
+                let block = (PAGE_SIZE as u64) << order;
+                let mut runs = Vec::new();
+                while let Some(off) = tree.alloc_split(order, LEVELS) {
+                    runs.push(off);
+                }
+                std::thread::scope(|s| {
+                    for &run in &runs {
+                        let heap = &heap;
+                        for i in 0..taken as u64 {
+                            s.spawn(move || heap.tree().free(run + i * block, order));
+                        }
+                        if taken < 1 << LEVELS {
+                            s.spawn(move || {
+                                heap.tree().free_run_tail(
+                                    run + taken as u64 * block,
+                                    order,
+                                    (1 << LEVELS) - taken,
+                                )
+                            });
+                        }
+                    }
+                });
+                tree.assert_valid();
+                assert_eq!(
+                    tree.alloc(MAX_ORDER),
+                    Some(0),
+                    "order {order}, {taken} taken: the blocks did not merge back into the root"
+                );
+                tree.free(0, MAX_ORDER);
+            }
+        }
+    });
+}
+
 /// A tiny heap under heavy churn: 8 threads alloc and free orders 0..=2 of an 8-page tree as
 /// fast as they can, so nearly every operation races with another.
 #[test]

@@ -25,6 +25,7 @@ use core::ptr;
 use crate::collective::Group;
 use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
+use crate::tbuddy::run::{Leftover, RUN_LEVELS, RUN_ORDERS, Take};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 use crate::ualloc::{
     Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, OOM_RETRIES,
@@ -377,6 +378,11 @@ impl ChunkSource for HeapChunks<'_> {
             return usize::MAX;
         }
         (self.heap.buddy.free_pages() >> CHUNK_ORDER) as usize
+    }
+
+    /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)).
+    fn reclaim(&self) -> u32 {
+        self.heap.flush_runs()
     }
 
     /// A fixed heap's pages in chunks (the header's geometry, plain loads); a growable heap
@@ -771,9 +777,20 @@ impl<'a> DeviceHeap<'a> {
     #[inline(never)]
     fn alloc_large(&self, size: usize) -> (*mut u8, usize) {
         let order = Self::order_for(size);
+        let group = Group::of(order as u64);
+        // A lone lane takes a block of the smaller orders from its SM's run (`tbuddy::run`),
+        // whose pages are counted as reserved already.
+        let from_run = if group.is_single() && RUN_ORDERS.contains(&order) {
+            self.alloc_from_run(order)
+        } else {
+            None
+        };
         // The lanes of a warp that ask for the same order share the blocks above it
         // (`TBuddy::alloc_together`, INV(TB11)).
-        let mut offset = self.buddy.alloc_together(&Group::of(order as u64), order);
+        let mut offset = match from_run {
+            Some(offset) => Some(offset),
+            None => self.buddy.alloc_together(&group, order),
+        };
         // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
         // (INV(UA4)); give them back and try again, as a small refill does (always once after
         // a trim, more often while trims still find something).
@@ -794,7 +811,9 @@ impl<'a> DeviceHeap<'a> {
                 let page = (offset >> PAGE_SHIFT) as usize;
                 // INV(HP1): the first page of a live large block holds order + 1.
                 self.large[page].store_relaxed(order + 1);
-                add_reserved(self.header, (PAGE_SIZE as u64) << order);
+                if from_run.is_none() {
+                    add_reserved(self.header, (PAGE_SIZE as u64) << order);
+                }
                 // SAFETY: TBuddy offsets are inside the data region.
                 (
                     unsafe { self.data.add(offset as usize) },
@@ -803,6 +822,72 @@ impl<'a> DeviceHeap<'a> {
             }
             None => (ptr::null_mut(), 0),
         }
+    }
+
+    /// A block of `order` (in `RUN_ORDERS`) for a lone lane, from its SM's run: one add, and
+    /// once per `RUN_BLOCKS` blocks a split of one block of the tree into a new run
+    /// (`tbuddy::run`). Runs are stocked only while a quarter of the tree stays free after
+    /// the split, the bound of the group path (`TBuddy::alloc_together`): nearer the end of
+    /// memory every lone lane goes to the tree. The run's pages are counted as reserved when
+    /// it is stocked. `None`: take the block from the tree.
+    #[inline(never)]
+    fn alloc_from_run(&self, order: u32) -> Option<u64> {
+        let arena = &self.arenas[platform::sm_id() as usize % self.arenas.len()];
+        let run = arena.run(order);
+        let shift = order + PAGE_SHIFT;
+        match run.take(shift) {
+            Take::Block(offset) => Some(offset),
+            Take::Elsewhere => None,
+            Take::Stock => {
+                let run_pages = 1u64 << (order + RUN_LEVELS);
+                let plenty = self.buddy.free_pages() >= self.buddy.usable_pages() / 4 + run_pages;
+                let first = if plenty {
+                    self.buddy.alloc_split(order, RUN_LEVELS)
+                } else {
+                    None
+                };
+                if first.is_some() {
+                    add_reserved(self.header, run_pages << PAGE_SHIFT);
+                }
+                if let Some(left) = run.stock(first, shift) {
+                    self.give_back(left, order);
+                }
+                if first.is_some() {
+                    // INV(UA17): a trim may now find the run's blocks to give back, so a
+                    // refill out of memory must not skip it as futile.
+                    arena.harvest().note();
+                }
+                first
+            }
+        }
+    }
+
+    /// Give the blocks of `order` that a run held and nobody took back to the tree (INV(TB14)).
+    #[cold]
+    #[inline(never)]
+    fn give_back(&self, left: Leftover, order: u32) {
+        let bytes = (PAGE_SIZE as u64) << order;
+        self.header
+            .reserved
+            .0
+            .fetch_sub_relaxed(bytes * left.count as u64);
+        self.buddy.free_run_tail(left.first, order, left.count);
+    }
+
+    /// Empty every SM's runs into the tree (a trim). Returns how many runs gave something back.
+    #[cold]
+    #[inline(never)]
+    fn flush_runs(&self) -> u32 {
+        let mut flushed = 0;
+        for arena in self.arenas {
+            for order in RUN_ORDERS {
+                if let Some(left) = arena.run(order).flush(order + PAGE_SHIFT) {
+                    self.give_back(left, order);
+                    flushed += 1;
+                }
+            }
+        }
+        flushed
     }
 
     /// Count a `malloc` of `size` that returned `p` (a block of `bytes`), and return `p`.

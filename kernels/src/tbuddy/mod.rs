@@ -95,6 +95,7 @@
 //!   memory only if the counters were equal when it began and none started since.
 
 pub mod index;
+pub mod run;
 
 use core::ops::Range;
 
@@ -556,6 +557,32 @@ impl<'a> TBuddy<'a> {
             }
         }
         Some(offset)
+    }
+
+    /// Give back the last `count` blocks of `order` of a run that [`alloc_split`](Self::alloc_split)
+    /// made, the first at byte `first`, all held by the caller: merged into the fewest
+    /// aligned blocks first (at most one per level of the run), each freed once. The inner
+    /// nodes inside a merged block go from Partial to Busy with plain stores, as in
+    /// [`free_together`](Self::free_together): every block below them is ours (INV(TB2),
+    /// INV(TB12)).
+    pub fn free_run_tail(&self, first: u64, order: u32, count: u32) {
+        let shift = order + PAGE_SHIFT;
+        let (mut index, end) = (first >> shift, (first >> shift) + count as u64);
+        while index < end {
+            // The largest block at `index` that is aligned to its size and ends by `end`.
+            let levels = index
+                .trailing_zeros()
+                .min(63 - (end - index).leading_zeros());
+            let node = self.node_at(index << shift, order + levels);
+            // Top down: the node, then every inner node below it above `order`.
+            for depth in 0..levels {
+                for i in 0..1u32 << depth {
+                    self.word(Node(node.0 << depth | i)).store_relaxed(BUSY);
+                }
+            }
+            self.free(index << shift, order + levels);
+            index += 1 << levels;
+        }
     }
 
     /// Reserve `pages` on the free-page counter: one subtraction, rolled back when the counter

@@ -20,6 +20,7 @@ use crate::collective::{CollectiveMutex, SingleFlight};
 use crate::platform::{Atomic32, Atomic64};
 use crate::rcu::Srcu;
 use crate::size_class::{BinKind, NUM_CLASSES, NUM_KINDS, SizeClass};
+use crate::tbuddy::run::{BlockRun, RUN_ORDERS, RUNS};
 use crate::ualloc::bin::BinHeader;
 use crate::ualloc::chunk::ChunkHeader;
 use crate::ualloc::exhaust::HarvestCount;
@@ -100,6 +101,11 @@ pub(crate) struct ArenaTrim {
     /// Events after which a trim may find something to give back: a bin of this arena left
     /// empty, or left carved by a trim (INV(UA17)).
     pub(crate) harvest: HarvestCount,
+    /// The heap's runs of large blocks for this SM's lone lanes, one per order of
+    /// `RUN_ORDERS` (`tbuddy::run`): a trim gives back what they hold (INV(TB14)). On this
+    /// line, which trims and emptied bins touch, because a lone lane's large `malloc` is rare
+    /// next to the words of the lines above.
+    pub(crate) runs: [BlockRun; RUNS],
 }
 
 // INV(SEM2) for the arena semaphores (layout `PerSm`). C: a class's free slots in one arena
@@ -167,6 +173,7 @@ impl Arena {
             trim: Line(ArenaTrim {
                 lock: CollectiveMutex::new(),
                 harvest: HarvestCount::new(),
+                runs: core::array::from_fn(|_| BlockRun::new()),
             }),
         }
     }
@@ -186,6 +193,12 @@ impl Arena {
     #[inline(always)]
     pub(crate) fn harvest(&self) -> &HarvestCount {
         &self.trim.0.harvest
+    }
+
+    /// The run of large blocks of `order` (in `RUN_ORDERS`) for this SM's lone lanes.
+    #[inline(always)]
+    pub fn run(&self, order: u32) -> &BlockRun {
+        &self.trim.0.runs[(order - RUN_ORDERS.start) as usize]
     }
 
     /// Chunks this arena owns (a snapshot).

@@ -85,6 +85,14 @@ pub trait ChunkSource {
         None
     }
 
+    /// Give back what the source keeps aside and nobody uses, so that `alloc_chunk` can find
+    /// it (default: nothing). [`UAlloc::trim`] calls it first; returns how much it found (0:
+    /// nothing). The heap empties its SMs' runs of large blocks into its buddy tree
+    /// (`tbuddy::run`, INV(TB14)).
+    fn reclaim(&self) -> u32 {
+        0
+    }
+
     /// About how many chunks `alloc_chunk` could still hand out (a hint; default: plenty).
     /// Fewer than four per arena makes UAlloc share bins and adoptions between arenas
     /// (INV(UA16), steal.rs).

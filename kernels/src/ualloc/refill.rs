@@ -316,7 +316,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// [`trim`](Self::trim)'s walk. An arena another thread is trimming is waited for, not
     /// walked again.
     fn trim_arenas(&self) -> u32 {
-        let mut done = 0;
+        let mut done = self.source.reclaim();
         for arena in self.arenas {
             if !arena.trim.0.lock.try_acquire(1) {
                 // Another thread is trimming this arena: wait for it (its returns are what a
