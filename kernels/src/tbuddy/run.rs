@@ -1,5 +1,6 @@
-//! A run: [`RUN_BLOCKS`] blocks of one order that one [`TBuddy::alloc_split`](super::TBuddy::alloc_split) took side by
-//! side, handed out one at a time with one atomic add on a single word.
+//! A run: [`RUN_BLOCKS`] blocks of one order that one
+//! [`TBuddy::alloc_split`](super::TBuddy::alloc_split) took side by side, handed out one at a
+//! time with one atomic add on a single word.
 //!
 //! The heap keeps one run per SM and per order of [`RUN_ORDERS`] for the lanes that ask for a
 //! large block alone (a warp's lanes that ask together share a walk of the tree instead,
