@@ -552,10 +552,14 @@ impl<'a> TBuddy<'a> {
         let top = self.node_at(offset, order + levels);
         for depth in 0..levels {
             for i in 0..1u32 << depth {
-                // Release: pairs with the acquire `lock` of the free of a block below.
-                self.word(Node(top.0 << depth | i)).store_release(PARTIAL);
+                // Relaxed: the fence below publishes them all.
+                self.word(Node(top.0 << depth | i)).store_relaxed(PARTIAL);
             }
         }
+        // Release (fence form, one MEMBAR for the run instead of one per inner node): pairs
+        // with the acquire `lock` of the free of a block below, which reached the block through
+        // a publication after this fence.
+        platform::fence_acq_rel();
         Some(offset)
     }
 
