@@ -949,3 +949,60 @@ fn runs_of_large_blocks_race_trims_and_give_back_every_block() {
     assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
     assert_eq!(heap_reserved(&h), 0, "a trim took every run back");
 }
+
+/// A small fill takes back what the runs of large blocks hold (INV(TB14)): both SMs' runs
+/// hold seven blocks of 8 KiB and seven of 16 KiB (a sixth of a 2 MiB heap), then 64 B
+/// blocks fill the heap until null. The refill out of chunks trims, the trim flushes the
+/// runs, and the fill serves what a heap without runs would.
+#[test]
+fn small_fills_take_back_what_the_runs_hold() {
+    let h = HostHeap::new(2 << 20, 2);
+    let heap = h.heap();
+    let fill = |heap: &DeviceHeap<'_>| {
+        let mut blocks = Vec::new();
+        loop {
+            let p = heap.malloc(64);
+            if p.is_null() {
+                break blocks;
+            }
+            blocks.push(p);
+        }
+    };
+    // The same fill with no run stocked.
+    toga_kernels::platform::set_sm_id(0);
+    let plain = fill(&heap);
+    for &p in &plain {
+        // SAFETY: live blocks, freed once.
+        unsafe { heap.free(p) };
+    }
+    heap.trim();
+    for sm in 0..2 {
+        toga_kernels::platform::set_sm_id(sm);
+        for size in [5000, 9000] {
+            let p = heap.malloc(size);
+            assert!(!p.is_null());
+            // SAFETY: a live block, freed once.
+            unsafe { heap.free(p) };
+        }
+    }
+    assert_eq!(
+        heap_reserved(&h),
+        (2 * 7 * (8 + 16)) << 10,
+        "each run holds seven blocks"
+    );
+    toga_kernels::platform::set_sm_id(0);
+    let blocks = fill(&heap);
+    assert!(
+        blocks.len() >= plain.len(),
+        "{} blocks of 64 B with runs stocked, {} without",
+        blocks.len(),
+        plain.len()
+    );
+    for &p in &blocks {
+        // SAFETY: live blocks, freed once.
+        unsafe { heap.free(p) };
+    }
+    heap.trim();
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
+}
