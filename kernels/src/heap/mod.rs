@@ -787,10 +787,7 @@ impl<'a> DeviceHeap<'a> {
         };
         // The lanes of a warp that ask for the same order share the blocks above it
         // (`TBuddy::alloc_together`, INV(TB11)).
-        let mut offset = match from_run {
-            Some(offset) => Some(offset),
-            None => self.buddy.alloc_together(&group, order),
-        };
+        let mut offset = from_run.or_else(|| self.buddy.alloc_together(&group, order));
         // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
         // (INV(UA4)); give them back and try again, as a small refill does (always once after
         // a trim, more often while trims still find something).

@@ -549,13 +549,8 @@ impl<'a> TBuddy<'a> {
     /// below it). Returns the first block's offset.
     pub fn alloc_split(&self, order: u32, levels: u32) -> Option<u64> {
         let offset = self.alloc(order + levels)?;
-        let top = self.node_at(offset, order + levels);
-        for depth in 0..levels {
-            for i in 0..1u32 << depth {
-                // Relaxed: the fence below publishes them all.
-                self.word(Node(top.0 << depth | i)).store_relaxed(PARTIAL);
-            }
-        }
+        // Relaxed: the fence below publishes them all.
+        self.store_inner(self.node_at(offset, order + levels), levels, PARTIAL);
         // Release (fence form, one MEMBAR for the run instead of one per inner node): pairs
         // with the acquire `lock` of the free of a block below, which reached the block through
         // a publication after this fence.
@@ -563,8 +558,22 @@ impl<'a> TBuddy<'a> {
         Some(offset)
     }
 
-    /// Give back the last `count` blocks of `order` of a run that [`alloc_split`](Self::alloc_split)
-    /// made, the first at byte `first`, all held by the caller: merged into the fewest
+    /// Store `state` (relaxed), top down, into the inner nodes of the block at `top` made of
+    /// `2^levels` blocks: `top` and its descendants on the `levels - 1` levels below it (none
+    /// for `levels == 0`). The caller holds the block, so nobody else writes them (INV(TB2),
+    /// INV(TB5)).
+    #[inline(always)]
+    fn store_inner(&self, top: Node, levels: u32, state: u32) {
+        for depth in 0..levels {
+            for i in 0..1u32 << depth {
+                self.word(Node(top.0 << depth | i)).store_relaxed(state);
+            }
+        }
+    }
+
+    /// Give back the last `count` blocks of `order` of a run that
+    /// [`alloc_split`](Self::alloc_split) made, the first at byte `first`, all held by the
+    /// caller: merged into the fewest
     /// aligned blocks first (at most one per level of the run), each freed once. The inner
     /// nodes inside a merged block go from Partial to Busy with plain stores, as in
     /// [`free_together`](Self::free_together): every block below them is ours (INV(TB2),
@@ -577,13 +586,7 @@ impl<'a> TBuddy<'a> {
             let levels = index
                 .trailing_zeros()
                 .min(63 - (end - index).leading_zeros());
-            let node = self.node_at(index << shift, order + levels);
-            // Top down: the node, then every inner node below it above `order`.
-            for depth in 0..levels {
-                for i in 0..1u32 << depth {
-                    self.word(Node(node.0 << depth | i)).store_relaxed(BUSY);
-                }
-            }
+            self.store_inner(self.node_at(index << shift, order + levels), levels, BUSY);
             self.free(index << shift, order + levels);
             index += 1 << levels;
         }
