@@ -60,6 +60,8 @@ pub mod pattern;
 #[doc(hidden)]
 pub mod rcu;
 #[doc(hidden)]
+pub mod run;
+#[doc(hidden)]
 pub mod size_class;
 #[doc(hidden)]
 pub mod tbuddy;

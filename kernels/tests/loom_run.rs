@@ -31,15 +31,16 @@ impl Seen {
         }
     }
 
-    /// One large `malloc` of a lone lane; `next_run`: where a run this lane stocks starts.
-    fn take(&mut self, run: &BlockRun, next_run: u64) {
+    /// One large `malloc` of a lone lane; `next_run`: where a run this lane stocks starts
+    /// (`None`: it finds no memory and parks the word).
+    fn take(&mut self, run: &BlockRun, next_run: Option<u64>) {
         match run.take(SHIFT) {
             Take::Block(b) => self.blocks.push(b),
             Take::Stock => {
-                let left = run.stock(Some(next_run), SHIFT);
+                let left = run.stock(next_run, SHIFT);
                 self.give_back(left);
                 // The stocker keeps the run's first block.
-                self.blocks.push(next_run);
+                self.blocks.extend(next_run);
             }
             Take::Elsewhere => {}
         }
@@ -47,7 +48,8 @@ impl Seen {
 }
 
 /// A run with one block left; two lanes take (one of them stocks the next run, each stock at
-/// its own address) while a trim flushes. In the end every block of every run that was
+/// its own address; thread 1's first stock finds no memory and parks the word) while a trim
+/// flushes. In the end every block of every run that was
 /// installed is accounted for exactly once.
 #[test]
 fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
@@ -64,8 +66,9 @@ fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
             let run = run.clone();
             handles.push(thread::spawn(move || {
                 let mut seen = Seen::default();
-                seen.take(&run, t * RUN_BYTES);
-                seen.take(&run, t * RUN_BYTES + 16 * RUN_BYTES);
+                // Thread 1 finds no memory for its first run and parks the word.
+                seen.take(&run, (t == 2).then_some(t * RUN_BYTES));
+                seen.take(&run, Some(t * RUN_BYTES + 16 * RUN_BYTES));
                 seen
             }));
         }

@@ -1,6 +1,7 @@
-//! A run: [`RUN_BLOCKS`] blocks of one order that one
+//! Runs of large blocks: [`RUN_BLOCKS`] blocks of one order that one
 //! [`TBuddy::alloc_split`](super::TBuddy::alloc_split) took side by side, handed out one at a
-//! time with one atomic add on a single word.
+//! time with one atomic add on a single word (a [`Run`](crate::run::Run) whose base is the
+//! run's first page).
 //!
 //! The heap keeps one run per SM and per order of [`RUN_ORDERS`] for the lanes that ask for a
 //! large block alone (a warp's lanes that ask together share a walk of the tree instead,
@@ -9,26 +10,13 @@
 //! thread's mallocs (`docs/benchmarks.md`). From a run it costs one add, and the climb is paid
 //! once per [`RUN_BLOCKS`] blocks.
 //!
-//! ```text
-//!  word: │ first page + 1 (32 bits; 0: no run) │ blocks handed out (32 bits) │
-//!  take: fetch_add(1) → (run, i): i < RUN_BLOCKS → block i of the run is ours;
-//!        i == RUN_BLOCKS, or no run and i == 0 → we stock the next run;
-//!        otherwise → the tree (another lane is stocking it, or memory is scarce).
-//!  stock / flush: swap in the new run (or none); the run swapped out has handed out
-//!        exactly min(i, RUN_BLOCKS) blocks, and the swapper frees the rest (`Leftover`).
-//! ```
-//!
 //! Each block of a run is a live block of its own in the tree (`alloc_split` leaves its inner
 //! nodes Partial), so a block from a run is freed like any other and coalesces. Blocks a run
 //! holds that nobody took are out of the tree until the run is swapped out: by the next
 //! stock, or by a flush (the heap's `trim`, which `malloc` runs before it answers null), so
 //! runs strand no memory that a request could need (INV(TB14)).
-//!
-//! Invariants (`docs/invariants.md`):
-//! - TB14: every block of a run is handed out once, or given back once by the thread whose
-//!   swap took the run out of its word; never both, never neither.
 
-use crate::platform::Atomic64;
+use crate::run::{self, Run};
 use crate::tbuddy::PAGE_SHIFT;
 
 /// log2 of the blocks in a run.
@@ -41,7 +29,8 @@ pub const RUN_ORDERS: core::ops::Range<u32> = 1..3;
 /// Runs per SM.
 pub const RUNS: usize = (RUN_ORDERS.end - RUN_ORDERS.start) as usize;
 
-const TAKEN_MASK: u64 = u32::MAX as u64;
+// Every page of the largest heap can start a run.
+const _: () = assert!(1u64 << (super::MAX_LEVELS - 1) <= run::MAX_BASE);
 
 /// What [`BlockRun::take`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +40,8 @@ pub enum Take {
     /// The run is used up (or there is none) and this lane stocks the next one
     /// ([`BlockRun::stock`]).
     Stock,
-    /// The run is used up and another lane stocks it: take the block from the tree.
+    /// The run is used up and another lane stocks it, or memory is short: take the block
+    /// from the tree.
     Elsewhere,
 }
 
@@ -65,63 +55,48 @@ pub struct Leftover {
 
 /// One run's word (all-zero: no run; the first `take` stocks one).
 #[repr(transparent)]
-pub struct BlockRun(Atomic64);
+pub struct BlockRun(Run);
 
 impl BlockRun {
     /// No run (equal to all-zero memory).
     pub fn new() -> Self {
-        Self(Atomic64::new(0))
+        Self(Run::new())
     }
 
     /// Take the next block of the run of blocks of `2^block_shift` bytes: one add.
     #[inline(always)]
     pub fn take(&self, block_shift: u32) -> Take {
-        // Acquire: pairs with the swap that installed the run (the stocker's split of the
-        // tree's nodes happened before our block's free locks them).
-        let word = self.0.fetch_add_acquire(1);
-        let (page, taken) = (word >> 32, word & TAKEN_MASK);
-        if page != 0 && taken < RUN_BLOCKS as u64 {
-            Take::Block(((page - 1) << PAGE_SHIFT) + (taken << block_shift))
-        } else if taken == (page != 0) as u64 * RUN_BLOCKS as u64 {
-            // The add that used the run up, or the first add on an empty word.
-            Take::Stock
-        } else {
-            Take::Elsewhere
+        match self.0.take(RUN_BLOCKS) {
+            run::Take::Item { base, index } => {
+                Take::Block((base << PAGE_SHIFT) + ((index as u64) << block_shift))
+            }
+            run::Take::Stock => Take::Stock,
+            run::Take::Elsewhere => Take::Elsewhere,
         }
     }
 
     /// Install the run whose blocks of `2^block_shift` bytes start at byte offset `first`
-    /// (`None`: no run, the next `take` stocks again); the stocker keeps the run's first
-    /// block. Returns the blocks of the run this swap took out that nobody was handed.
+    /// (`None`: no memory for a run; the word is parked, `crate::run`); the stocker keeps the
+    /// run's first block. Returns the blocks of the run this swap took out that nobody was
+    /// handed.
     pub fn stock(&self, first: Option<u64>, block_shift: u32) -> Option<Leftover> {
-        let word = match first {
-            Some(offset) => ((offset >> PAGE_SHIFT) + 1) << 32 | 1,
-            None => 0,
-        };
-        // Release: the run's nodes are split before a taker sees it. Acquire: the run we
-        // displace was split before we give its blocks back.
-        Self::leftover(self.0.swap_acq_rel(word), block_shift)
+        let left = self
+            .0
+            .stock(first.map(|offset| offset >> PAGE_SHIFT), RUN_BLOCKS);
+        left.map(|l| Self::blocks(l, block_shift))
     }
 
     /// Take the run out of its word (a trim): the blocks nobody was handed, to give back.
     pub fn flush(&self, block_shift: u32) -> Option<Leftover> {
-        // Relaxed: a hint; a run that a `stock` installs after it is the next trim's.
-        if self.0.load_relaxed() >> 32 == 0 {
-            return None;
-        }
-        // Acq_rel: as in `stock`.
-        Self::leftover(self.0.swap_acq_rel(0), block_shift)
+        let left = self.0.flush(RUN_BLOCKS);
+        left.map(|l| Self::blocks(l, block_shift))
     }
 
-    fn leftover(word: u64, block_shift: u32) -> Option<Leftover> {
-        let (page, taken) = (word >> 32, word & TAKEN_MASK);
-        if page == 0 || taken >= RUN_BLOCKS as u64 {
-            return None;
+    fn blocks(left: run::Leftover, block_shift: u32) -> Leftover {
+        Leftover {
+            first: (left.base << PAGE_SHIFT) + ((left.first as u64) << block_shift),
+            count: left.count,
         }
-        Some(Leftover {
-            first: ((page - 1) << PAGE_SHIFT) + (taken << block_shift),
-            count: RUN_BLOCKS - taken as u32,
-        })
     }
 }
 
@@ -181,9 +156,9 @@ mod tests {
             run.take(SHIFT);
         }
         assert_eq!(run.flush(SHIFT), None);
-        // Scarce memory: the stocker installs no run, and the next taker tries again.
+        // Scarce memory: the stocker installs no run, and the next takers go to the tree.
         assert_eq!(run.take(SHIFT), Take::Stock);
         assert_eq!(run.stock(None, SHIFT), None);
-        assert_eq!(run.take(SHIFT), Take::Stock);
+        assert_eq!(run.take(SHIFT), Take::Elsewhere);
     }
 }
