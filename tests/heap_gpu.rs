@@ -478,14 +478,28 @@ fn a_warps_large_blocks_freed_together_merge_back_to_the_root() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn lone_lanes_large_blocks_come_from_runs_and_go_back() {
+    lone_lanes_come_from_runs_and_go_back(MAX_SMALL_SIZE as u32 + 1, 16 << 10, 11);
+}
+
+/// As above for 1 B – 4 KiB: the lone lanes take their slots from their SMs' runs of slots
+/// (`ualloc::run`), one bin per SM and class, and a trim frees what the runs hold.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
+fn lone_lanes_small_blocks_come_from_runs_and_go_back() {
+    lone_lanes_come_from_runs_and_go_back(1, MAX_SMALL_SIZE as u32, 12);
+}
+
+/// One lane per warp asks for `lo..=hi` bytes, the others for nothing, three rounds; see the
+/// tests above.
+fn lone_lanes_come_from_runs_and_go_back(lo: u32, hi: u32, seed: u64) {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
     let capacity = 1u64 << 30;
     let heap = Heap::new(&gpu, &stream, capacity).unwrap();
     let w = Workloads::new(&gpu).unwrap();
-    let large = uniform_sizes(THREADS, MAX_SMALL_SIZE as u32 + 1, 16 << 10, 11);
+    let asks = uniform_sizes(THREADS, lo, hi, seed);
     let sizes: Vec<u32> = (0..THREADS as usize)
-        .map(|i| if i % 32 == 0 { large[i] } else { 0 })
+        .map(|i| if i % 32 == 0 { asks[i] } else { 0 })
         .collect();
     let lone = THREADS / 32;
     let asked: u64 = sizes

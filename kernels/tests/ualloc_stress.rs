@@ -272,7 +272,9 @@ fn every_class_alone() {
 
 /// A refill carves `refill_bins` bins at once while the source holds at least four chunks per
 /// arena, and one bin when it holds fewer: the class's semaphore holds exactly their slots but
-/// the one taken, and everything goes back.
+/// the one taken, and everything goes back. The plentiful heap's refill is a group's (a lone
+/// `malloc` there takes a run's slot, `lone_mallocs_take_a_runs_slots_in_order`); in the
+/// scarce one a lone `malloc` refills too, its class's run parked.
 #[test]
 fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
     with_deadline(|| {
@@ -281,7 +283,13 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
             let ua = ualloc(arenas, &source);
             let shadow = Shadow::default();
             for class in SizeClass::ALL {
-                let p = ua.malloc(class.size());
+                let mut p = [std::ptr::null_mut()];
+                if plenty {
+                    assert!(ua.malloc_bulk(class.size(), &mut p));
+                } else {
+                    p[0] = ua.malloc(class.size());
+                }
+                let p = p[0];
                 adopt_block(&ua, &shadow, p, class.size(), 1);
                 let bins = if plenty { class.refill_bins() } else { 1 };
                 let (free, _, _) = arenas[0].slot_counters(class);
@@ -291,6 +299,186 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
                 assert_all_returned(&ua, &source);
             }
         }
+    });
+}
+
+/// While chunks are plentiful, a lone `malloc` takes the next slot of its arena's run of the
+/// class (`ualloc::run`): one bin carved full, so the class's semaphore holds no unit for it.
+/// The malloc that finds the run used up carves the next bin. A trim gives back the slots
+/// nobody took (INV(UA18)): they are listed, with their units, and serve the usual way; and
+/// when every block is freed, every chunk goes back.
+#[test]
+fn lone_mallocs_take_a_runs_slots_in_order() {
+    with_deadline(|| {
+        let (arenas, source) = heap(1, 8);
+        let ua = ualloc(arenas, &source);
+        let shadow = Shadow::default();
+        for class in SizeClass::ALL {
+            let size = class.size();
+            let first = ua.malloc(size);
+            adopt_block(&ua, &shadow, first, size, 1);
+            let mut blocks = vec![first];
+            // The run's bin, slot by slot (every main slot is `size` past the one before).
+            for i in 1..class.main_slots() as usize {
+                let p = ua.malloc(size);
+                assert_eq!(p as usize, first as usize + i * size, "{class:?} slot {i}");
+                adopt_block(&ua, &shadow, p, size, 1);
+                blocks.push(p);
+            }
+            for _ in class.main_slots()..class.slots() {
+                let p = ua.malloc(size);
+                adopt_block(&ua, &shadow, p, size, 1);
+                blocks.push(p);
+            }
+            assert_eq!(
+                arenas[0].slot_counters(class).0,
+                0,
+                "{class:?}: no listed slot"
+            );
+            // Used up: the next malloc carves another bin for the run, elsewhere.
+            let next = ua.malloc(size);
+            adopt_block(&ua, &shadow, next, size, 1);
+            assert!(
+                next < first || next as usize >= first as usize + class.slots() as usize * size,
+                "{class:?}: a new bin"
+            );
+            let second = ua.malloc(size);
+            assert_eq!(second as usize, next as usize + size);
+            adopt_block(&ua, &shadow, second, size, 1);
+            blocks.extend([next, second]);
+            ua.assert_valid();
+            // The trim frees the new run's other slots: they are listed, with their units.
+            assert!(ua.trim() > 0);
+            ua.assert_valid();
+            assert_eq!(
+                arenas[0].slot_counters(class).0,
+                class.slots() - 2,
+                "{class:?}"
+            );
+            // A lone malloc after the trim stocks a run again.
+            let again = ua.malloc(size);
+            adopt_block(&ua, &shadow, again, size, 1);
+            assert_eq!(
+                arenas[0].slot_counters(class).0,
+                class.slots() - 2,
+                "{class:?}"
+            );
+            blocks.push(again);
+            for p in blocks {
+                release_block(&ua, &shadow, p, 1);
+            }
+            assert_all_returned(&ua, &source);
+        }
+    });
+}
+
+/// Threads on one arena take lone slots of three classes, so they share those classes' runs,
+/// while a trimmer flushes the runs over and over and the blocks are freed by other threads.
+/// The shadow oracle sees no overlap and every pattern intact (INV(UA18): a slot is handed out
+/// by its run once, or given back once). Most mallocs come from runs: counted by the slots
+/// that follow the thread's last one of their class.
+#[test]
+fn lone_lanes_share_runs_while_trims_flush_them() {
+    with_deadline(|| {
+        const THREADS: usize = 3;
+        const ROUNDS: usize = 6000;
+        let (arenas, source) = heap(1, 64);
+        let ua = Arc::new(ualloc(arenas, &source));
+        let shadow = Arc::new(Shadow::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let trimmer = {
+            let (ua, stop) = (ua.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut work = 0u64;
+                while !stop.load(SeqCst) {
+                    work += ua.trim() as u64;
+                    std::thread::yield_now();
+                }
+                work
+            })
+        };
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+            .map(|_| mpsc::channel::<Vec<(usize, u64)>>())
+            .unzip();
+        let senders = Arc::new(Mutex::new(
+            senders.into_iter().map(Some).collect::<Vec<_>>(),
+        ));
+        let handles: Vec<_> = receivers
+            .into_iter()
+            .enumerate()
+            .map(|(t, rx)| {
+                let (ua, shadow, senders) = (ua.clone(), shadow.clone(), senders.clone());
+                std::thread::spawn(move || {
+                    toga_kernels::platform::set_sm_id(0);
+                    let out: Vec<_> = senders.lock().unwrap().iter().cloned().collect();
+                    let mut rng = Rng(0x5107_0000 + t as u64);
+                    let mut last = [0usize; 3];
+                    let (mut mallocs, mut next_slot) = (0u64, 0u64);
+                    let free_some = |blocks: Vec<(usize, u64)>| {
+                        for (p, tag) in blocks {
+                            let p = p as *mut u8;
+                            let len = shadow.remove(p);
+                            check(p, len, tag);
+                            // SAFETY: a live block of this heap.
+                            let freed = unsafe { ua.free(p) };
+                            assert_eq!(freed, FreeOutcome::Freed(SizeClass::from_size(len)));
+                        }
+                    };
+                    let mut mine = Vec::new();
+                    for round in 0..ROUNDS {
+                        let which = rng.below(3) as usize;
+                        let size = [16, 256, 4096][which];
+                        let tag = (t as u64) << 48 | round as u64;
+                        let p = ua.malloc(size);
+                        adopt_block(&ua, &shadow, p, size, tag);
+                        mallocs += 1;
+                        next_slot += (p as usize == last[which] + size) as u64;
+                        last[which] = p as usize;
+                        mine.push((p as usize, tag));
+                        if mine.len() >= 32 {
+                            let to = (t + 1 + rng.below(THREADS as u64 - 1) as usize) % THREADS;
+                            let batch: Vec<_> = mine.drain(..16).collect();
+                            out[to].as_ref().unwrap().send(batch).unwrap();
+                        }
+                        while let Ok(blocks) = rx.try_recv() {
+                            free_some(blocks);
+                        }
+                    }
+                    free_some(mine);
+                    drop(out);
+                    senders.lock().unwrap()[t] = None;
+                    (rx, mallocs, next_slot)
+                })
+            })
+            .collect();
+        let mut rest = Vec::new();
+        let (mut mallocs, mut next_slot) = (0, 0);
+        for h in handles {
+            let (rx, m, n) = h.join().unwrap();
+            rest.push(rx);
+            mallocs += m;
+            next_slot += n;
+        }
+        for rx in rest {
+            while let Ok(blocks) = rx.try_recv() {
+                for (p, tag) in blocks {
+                    let p = p as *mut u8;
+                    let len = shadow.remove(p);
+                    check(p, len, tag);
+                    // SAFETY: a live block of this heap.
+                    assert_ne!(unsafe { ua.free(p) }, FreeOutcome::DoubleFree);
+                }
+            }
+        }
+        stop.store(true, SeqCst);
+        let work = trimmer.join().unwrap();
+        assert!(shadow.0.lock().unwrap().is_empty());
+        assert!(work > 10, "the trims found nothing: {work}");
+        assert!(
+            next_slot * 4 > mallocs,
+            "{next_slot} of {mallocs} mallocs took the slot after the thread's last one"
+        );
+        assert_all_returned(&ua, &source);
     });
 }
 

@@ -370,9 +370,15 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         self.alloc_slow(ai, ai, class, k).unwrap_or(0)
     }
 
-    /// A lane alone with its class: one `wait`, one claim, no collectives.
+    /// A lane alone with its class: a slot of the arena's run, or one `wait` and one claim;
+    /// no collectives.
     #[inline(never)]
     fn alloc_fast_single(&self, ai: usize, class: SizeClass) -> *mut u8 {
+        // The arena's run of this class first: one add (ualloc::run).
+        let p = self.alloc_from_run(ai, class);
+        if !p.is_null() {
+            return p;
+        }
         let at = self.find_slots(ai, class, 1);
         if at == 0 {
             // Last: a free slot in another arena's bins (steal.rs).

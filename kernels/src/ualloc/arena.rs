@@ -19,6 +19,7 @@ use crate::bulk_semaphore::{BulkSemaphore, Fields, PerSm};
 use crate::collective::{CollectiveMutex, SingleFlight};
 use crate::platform::{Atomic32, Atomic64};
 use crate::rcu::Srcu;
+use crate::run::Run;
 use crate::size_class::{BinKind, NUM_CLASSES, NUM_KINDS, SizeClass};
 use crate::tbuddy::run::{BlockRun, RUN_ORDERS, RUNS};
 use crate::ualloc::bin::BinHeader;
@@ -106,7 +107,15 @@ pub(crate) struct ArenaTrim {
     /// line, which trims and emptied bins touch, because a lone lane's large `malloc` is rare
     /// next to the words of the lines above.
     pub(crate) runs: [BlockRun; RUNS],
+    /// This arena's runs of slots for its lone lanes, one per class (`ualloc::run`): one bin
+    /// each, carved full, whose slots are handed out by index. A trim gives back what they
+    /// hold (INV(UA18)). Here for the same reason as `runs`.
+    pub(crate) slot_runs: [Run; NUM_CLASSES],
 }
+
+// The trim line stays one line.
+#[cfg(not(loom))]
+const _: () = assert!(core::mem::size_of::<ArenaTrim>() <= 128);
 
 // INV(SEM2) for the arena semaphores (layout `PerSm`). C: a class's free slots in one arena
 // are at most the slots of the largest heap with every chunk carved into that class's bins,
@@ -174,6 +183,7 @@ impl Arena {
                 lock: CollectiveMutex::new(),
                 harvest: HarvestCount::new(),
                 runs: core::array::from_fn(|_| BlockRun::new()),
+                slot_runs: core::array::from_fn(|_| Run::new()),
             }),
         }
     }
@@ -199,6 +209,12 @@ impl Arena {
     #[inline(always)]
     pub fn run(&self, order: u32) -> &BlockRun {
         &self.trim.0.runs[(order - RUN_ORDERS.start) as usize]
+    }
+
+    /// The run of slots of `class` for this SM's lone lanes.
+    #[inline(always)]
+    pub fn slot_run(&self, class: SizeClass) -> &Run {
+        &self.trim.0.slot_runs[class.index()]
     }
 
     /// Chunks this arena owns (a snapshot).

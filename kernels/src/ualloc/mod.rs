@@ -52,6 +52,7 @@ mod alloc;
 mod exhaust;
 mod free;
 mod refill;
+mod run;
 mod steal;
 mod validate;
 

@@ -317,7 +317,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// walked again.
     fn trim_arenas(&self) -> u32 {
         let mut done = self.source.reclaim();
-        for arena in self.arenas {
+        for (ai, arena) in self.arenas.iter().enumerate() {
             if !arena.trim.0.lock.try_acquire(1) {
                 // Another thread is trimming this arena: wait for it (its returns are what a
                 // caller out of memory is waiting for) and count that as progress.
@@ -326,6 +326,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 done += 1;
                 continue;
             }
+            // The runs' slots first (INV(UA18)): their bins are listed or emptied below.
+            done += self.flush_slot_runs(ai);
             for class in SizeClass::ALL {
                 // Bins that emptied while unlisted are listed first, so they are retired too.
                 drain_pending(arena, class);
@@ -362,7 +364,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// at its ranks, and the last member splits the exhausted chunks off the list.
     #[cold]
     #[inline(never)]
-    fn take_bins(&self, ai: usize, kind: BinKind, want: u32) -> (u64, u32) {
+    pub(crate) fn take_bins(&self, ai: usize, kind: BinKind, want: u32) -> (u64, u32) {
         let ks = self.arenas[ai].kind(kind);
         let per = bins_per_chunk(kind);
         debug_assert!(want >= 1 && want <= per);
