@@ -751,6 +751,15 @@ impl<'a> DeviceHeap<'a> {
         self.ualloc().trim()
     }
 
+    /// Whether `size` bytes are more than the data region holds. From the length of the
+    /// large-block table (one word per page), which the view keeps: no load of the header's
+    /// geometry, a round trip to memory in a kernel whose acquires emptied the L1 (ncu of one
+    /// thread's mallocs, `docs/benchmarks.md`).
+    #[inline(always)]
+    fn exceeds_data(&self, size: usize) -> bool {
+        size.div_ceil(PAGE_SIZE) > self.large.len()
+    }
+
     /// TBuddy order of a block that holds `size` bytes.
     fn order_for(size: usize) -> u32 {
         let pages = size.div_ceil(PAGE_SIZE);
@@ -762,13 +771,12 @@ impl<'a> DeviceHeap<'a> {
     /// to their power-of-two size.
     pub fn malloc(&self, size: usize) -> *mut u8 {
         // Small sizes first: every heap holds a chunk (`MIN_HEAP_BYTES`), so they never exceed
-        // the data region, and their path does without the load of the heap's size (a round
-        // trip to memory after the last call's acquires emptied the L1).
+        // the data region.
         let (p, bytes, word) = if size.wrapping_sub(1) < MAX_SMALL_SIZE {
             let p = self.ualloc().malloc(size);
             let class = SizeClass::from_size(size);
             (p, class.size(), stat::LIVE_CLASS0 + class.index())
-        } else if size == 0 || size as u64 > self.header.geometry.data_bytes() {
+        } else if size == 0 || self.exceeds_data(size) {
             (ptr::null_mut(), 0, stat::FAILED)
         } else {
             let (p, bytes) = self.alloc_large(size);
@@ -942,7 +950,7 @@ impl<'a> DeviceHeap<'a> {
         if size <= MAX_SMALL_SIZE && align <= SizeClass::from_size(size).align() {
             return self.malloc(size);
         }
-        if align > CHUNK_SIZE || size as u64 > self.header.geometry.data_bytes() {
+        if align > CHUNK_SIZE || self.exceeds_data(size) {
             self.count(stat::FAILED, 1);
             return ptr::null_mut();
         }
