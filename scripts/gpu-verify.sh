@@ -45,11 +45,11 @@ t stress 90 "$b/host" --timeout 85
 grep -E "✓|✗|rows|exit" "$L/stress.log" | tail -4
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
-heap_tests="double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty one_sm_frees_more_slots_than_a_24_bit_count_holds vec_grows_in_every_thread"
+heap_tests="double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty one_sm_frees_more_slots_than_a_24_bit_count_holds vec_grows_in_every_thread lone_lanes_small_blocks_come_from_runs_and_go_back"
 for k in $heap_tests; do
   t "memcheck-$k" "${SANITIZE_LIMIT:-120}" "$san" --tool memcheck --error-exitcode 9 "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
 done
-for k in double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty; do
+for k in double_and_foreign_frees_are_counted_and_harmless mixed_sizes_8b_to_64k_across_streams_and_back_to_empty lone_lanes_small_blocks_come_from_runs_and_go_back; do
   t "racecheck-$k" "${SANITIZE_LIMIT:-120}" "$san" --tool racecheck --error-exitcode 9 "$tests/heap_gpu" --test-threads=1 --include-ignored --exact "$k"
 done
 # The home refills (INV(UA16)): a mixed fill of an 8 MiB heap goes through them.
