@@ -400,20 +400,16 @@ fn lone_lanes_share_runs_while_trims_flush_them() {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
             .map(|_| mpsc::channel::<Vec<(usize, u64)>>())
             .unzip();
-        let senders = Arc::new(Mutex::new(
-            senders.into_iter().map(Some).collect::<Vec<_>>(),
-        ));
         let handles: Vec<_> = receivers
             .into_iter()
             .enumerate()
             .map(|(t, rx)| {
-                let (ua, shadow, senders) = (ua.clone(), shadow.clone(), senders.clone());
+                let (ua, shadow, out) = (ua.clone(), shadow.clone(), senders.clone());
                 std::thread::spawn(move || {
                     toga_kernels::platform::set_sm_id(0);
-                    let out: Vec<_> = senders.lock().unwrap().iter().cloned().collect();
                     let mut rng = Rng(0x5107_0000 + t as u64);
                     let mut last = [0usize; 3];
-                    let (mut mallocs, mut next_slot) = (0u64, 0u64);
+                    let (mut mallocs, mut next_slot, mut trims) = (0u64, 0u64, 0u64);
                     let free_some = |blocks: Vec<(usize, u64)>| {
                         for (p, tag) in blocks {
                             let p = p as *mut u8;
@@ -438,24 +434,26 @@ fn lone_lanes_share_runs_while_trims_flush_them() {
                         if mine.len() >= 32 {
                             let to = (t + 1 + rng.below(THREADS as u64 - 1) as usize) % THREADS;
                             let batch: Vec<_> = mine.drain(..16).collect();
-                            out[to].as_ref().unwrap().send(batch).unwrap();
+                            out[to].send(batch).unwrap();
                         }
                         while let Ok(blocks) = rx.try_recv() {
                             free_some(blocks);
                         }
+                        if round % 200 == 100 {
+                            trims += ua.trim() as u64;
+                        }
                     }
                     free_some(mine);
-                    drop(out);
-                    senders.lock().unwrap()[t] = None;
-                    (rx, mallocs, next_slot)
+                    (rx, mallocs, next_slot, trims)
                 })
             })
             .collect();
         let mut rest = Vec::new();
-        let (mut mallocs, mut next_slot) = (0, 0);
+        let (mut mallocs, mut next_slot, mut work) = (0, 0, 0);
         for h in handles {
-            let (rx, m, n) = h.join().unwrap();
+            let (rx, m, n, w) = h.join().unwrap();
             rest.push(rx);
+            work += w;
             mallocs += m;
             next_slot += n;
         }
@@ -471,7 +469,7 @@ fn lone_lanes_share_runs_while_trims_flush_them() {
             }
         }
         stop.store(true, SeqCst);
-        let work = trimmer.join().unwrap();
+        work += trimmer.join().unwrap();
         assert!(shadow.0.lock().unwrap().is_empty());
         assert!(work > 10, "the trims found nothing: {work}");
         assert!(

@@ -370,14 +370,21 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         self.alloc_slow(ai, ai, class, k).unwrap_or(0)
     }
 
-    /// A lane alone with its class: a slot of the arena's run, or one `wait` and one claim;
-    /// no collectives.
+    /// A lane alone with its class: a slot of the arena's run (for a lane alone in its warp),
+    /// or one `wait` and one claim; no collectives.
     #[inline(never)]
     fn alloc_fast_single(&self, ai: usize, class: SizeClass) -> *mut u8 {
-        // The arena's run of this class first: one add (ualloc::run).
-        let p = self.alloc_from_run(ai, class);
-        if !p.is_null() {
-            return p;
+        // A lane alone in its warp takes from the arena's run of this class first: one add
+        // (ualloc::run). A lone lane of a warp whose other lanes ask for other classes does
+        // not: runs serve latency, and there each run is soon used up by the SM's many lone
+        // lanes and the rest pay an add for nothing (divergent warps of 1-8192 B took 19%
+        // longer with every lone lane at the runs, H100).
+        let active = platform::active_mask();
+        if active & active.wrapping_sub(1) == 0 {
+            let p = self.alloc_from_run(ai, class);
+            if !p.is_null() {
+                return p;
+            }
         }
         let at = self.find_slots(ai, class, 1);
         if at == 0 {
