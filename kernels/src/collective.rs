@@ -42,7 +42,13 @@ impl Group {
     /// The lanes active here whose `key` equals this lane's. Convergence: see the module doc.
     #[inline(always)]
     pub fn of(key: u64) -> Self {
-        let active = platform::active_mask();
+        Self::of_among(platform::active_mask(), key)
+    }
+
+    /// [`of`](Self::of) for a caller that read the active lanes (`platform::active_mask`)
+    /// here already.
+    #[inline(always)]
+    pub fn of_among(active: u32, key: u64) -> Self {
         Self {
             mask: platform::match_any(active, key),
             lane: platform::lane_id(),
