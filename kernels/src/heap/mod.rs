@@ -330,6 +330,11 @@ pub struct DeviceHeap<'a> {
     large: &'a [Atomic32],
     buddy: TBuddy<'a>,
     data: *mut u8,
+    /// [`Geometry::used_quantum_shift`], computed once by [`from_base`](Self::from_base) from
+    /// the geometry it loads anyway: `account_live` computed it from two loads of the header
+    /// per call, which after an acquire (an L1 invalidation) were two round trips to memory,
+    /// one after the other (ncu of one thread's mallocs, `docs/benchmarks.md`).
+    used_shift: u32,
 }
 
 /// UAlloc's chunks come from the heap's buddy tree. A borrow of the heap's view, not a copy of
@@ -437,6 +442,7 @@ impl<'a> DeviceHeap<'a> {
                 large,
                 buddy: TBuddy::new(&header.buddy, nodes),
                 data: at(g.data_offset),
+                used_shift: g.used_quantum_shift(),
             }
         }
     }
@@ -729,7 +735,7 @@ impl<'a> DeviceHeap<'a> {
     fn account_live(&self, delta: i64) {
         let old = self.shard().words[stat::LIVE_BYTES].fetch_add_relaxed(delta as u64) as i64;
         let new = old.wrapping_add(delta);
-        let shift = self.header.geometry.used_quantum_shift();
+        let shift = self.used_shift;
         // Arithmetic shifts: floor division by the quantum, also below zero.
         let steps = (new >> shift) - (old >> shift);
         if steps != 0 {
