@@ -335,9 +335,6 @@ pub struct DeviceHeap<'a> {
     /// per call, which after an acquire (an L1 invalidation) were two round trips to memory,
     /// one after the other (ncu of one thread's mallocs, `docs/benchmarks.md`).
     used_shift: u32,
-    /// [`ChunkSource::chunks_at_most`] for this heap, computed once by `from_base` for the
-    /// same reason (a growable heap: no bound).
-    max_chunks: usize,
 }
 
 /// UAlloc's chunks come from the heap's buddy tree. A borrow of the heap's view, not a copy of
@@ -395,9 +392,14 @@ impl ChunkSource for HeapChunks<'_> {
         self.heap.flush_runs()
     }
 
-    /// A fixed heap's pages in chunks; a growable heap has no bound. Kept in the view.
+    /// A fixed heap's pages in chunks (the header's geometry, plain loads); a growable heap
+    /// has no bound.
     fn chunks_at_most(&self) -> usize {
-        self.heap.max_chunks
+        let g = &self.heap.header.geometry;
+        if g.mailbox != 0 {
+            return usize::MAX;
+        }
+        (g.pages >> CHUNK_ORDER) as usize
     }
 }
 
@@ -441,11 +443,6 @@ impl<'a> DeviceHeap<'a> {
                 buddy: TBuddy::new(&header.buddy, nodes),
                 data: at(g.data_offset),
                 used_shift: g.used_quantum_shift(),
-                max_chunks: if g.mailbox != 0 {
-                    usize::MAX
-                } else {
-                    (g.pages >> CHUNK_ORDER) as usize
-                },
             }
         }
     }

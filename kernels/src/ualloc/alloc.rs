@@ -380,17 +380,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
 
     /// The only lane of its warp that asks for a small block: a slot of the arena's run of the
     /// class (one add, `ualloc::run`), else the lone-lane path. Only such lanes go to the
-    /// runs: they serve latency (one thread's mallocs, H100: 39.5 -> 28.2 ms for 10,000).
+    /// runs: they serve latency (one thread's mallocs, H100: 39.4 -> 28.1 ms for 10,000).
     /// Where the other lanes of the warp ask too, for other classes, the SM's many lone lanes
     /// soon use a run up and the rest pay an add for nothing: with every lane alone with its
     /// class at the runs, divergent warps of 1-8192 B took 12-19% longer and the churn 7%.
-    /// A small heap never has chunks to spare for runs (`small_heap`, kept in the heap's
-    /// view): its lanes skip the add on a parked word.
     #[inline(never)]
     fn alloc_alone(&self, ai: usize, class: SizeClass) -> *mut u8 {
-        if self.small_heap() {
-            return self.alloc_fast_single(ai, class);
-        }
         let p = self.alloc_from_run(ai, class);
         if p.is_null() {
             self.alloc_fast_single(ai, class)

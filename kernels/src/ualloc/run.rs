@@ -27,12 +27,7 @@ use crate::ualloc::arena::bin_at;
 use crate::ualloc::free::{give_units, release_bits};
 use crate::ualloc::layout::{BLOCK_SHIFT, WORD_BITS};
 use crate::ualloc::refill::PLENTY_CHUNKS_PER_ARENA;
-use crate::ualloc::steal::HOME_CHUNKS_PER_ARENA;
 use crate::ualloc::{ChunkSource, UAlloc};
-
-// A small heap (fewer than `HOME_CHUNKS_PER_ARENA` chunks per arena in all) is never plenty, so
-// `alloc_alone` may skip its runs without a look.
-const _: () = assert!(PLENTY_CHUNKS_PER_ARENA >= HOME_CHUNKS_PER_ARENA);
 
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// A slot of `class` for a lone lane of arena `ai` from the arena's run: one add, and once
