@@ -504,6 +504,48 @@ fn heap_reserved(h: &HostHeap) -> u64 {
     }
 }
 
+fn heap_used(h: &HostHeap) -> (u64, u64) {
+    let word = |offset: usize| {
+        // SAFETY: reading one word of our own heap's header.
+        unsafe { std::ptr::read_volatile(h.mem.add(offset) as *const u64) }
+    };
+    (
+        word(std::mem::offset_of!(HeapHeader, used)),
+        word(std::mem::offset_of!(HeapHeader, used_high)),
+    )
+}
+
+/// INV(HP3): the header's `used` word follows this SM's live bytes in whole steps of the
+/// heap's quantum (`Geometry::used_quantum_shift`, which `account_live` takes from the view's
+/// lengths), and `used_high` keeps the highest.
+#[test]
+fn the_used_word_moves_by_whole_quanta() {
+    let h = HostHeap::new(64 << 20, 2);
+    let heap = h.heap();
+    toga_kernels::platform::set_sm_id(0);
+    let quantum = 1u64 << h.geometry.used_quantum_shift();
+    let per = quantum / MAX_SMALL_SIZE as u64;
+    let mut blocks = Vec::new();
+    for step in 1..=3u64 {
+        for _ in 0..per - 1 {
+            blocks.push(heap.malloc(MAX_SMALL_SIZE));
+        }
+        assert_eq!(
+            heap_used(&h).0,
+            (step - 1) * quantum,
+            "one block short of step {step}"
+        );
+        blocks.push(heap.malloc(MAX_SMALL_SIZE));
+        assert_eq!(heap_used(&h).0, step * quantum, "step {step}");
+    }
+    for &p in &blocks {
+        assert!(!p.is_null());
+        // SAFETY: live blocks, freed once.
+        unsafe { heap.free(p) };
+    }
+    assert_eq!(heap_used(&h), (0, 3 * quantum));
+}
+
 #[test]
 fn calloc_and_realloc_keep_contents() {
     let h = HostHeap::new(8 << 20, 1);

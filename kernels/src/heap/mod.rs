@@ -263,9 +263,16 @@ impl Geometry {
     /// reservation.
     #[inline(always)]
     pub fn used_quantum_shift(&self) -> u32 {
-        let data_log = 63 - self.data_bytes().max(1).leading_zeros();
+        Self::quantum_shift(self.pages, self.arenas)
+    }
+
+    /// [`used_quantum_shift`](Self::used_quantum_shift) of a heap of `pages` data pages and
+    /// `arenas` arenas.
+    #[inline(always)]
+    pub fn quantum_shift(pages: u64, arenas: u64) -> u32 {
+        let data_log = 63 - (pages * PAGE_SIZE as u64).max(1).leading_zeros();
         // ceil(log2(arenas)).
-        let arenas_log = 64 - (self.arenas.max(1) - 1).leading_zeros();
+        let arenas_log = 64 - (arenas.max(1) - 1).leading_zeros();
         let min = MIN_USED_QUANTUM.trailing_zeros();
         data_log.saturating_sub(5 + arenas_log).max(min)
     }
@@ -330,11 +337,6 @@ pub struct DeviceHeap<'a> {
     large: &'a [Atomic32],
     buddy: TBuddy<'a>,
     data: *mut u8,
-    /// [`Geometry::used_quantum_shift`], computed once by [`from_base`](Self::from_base) from
-    /// the geometry it loads anyway: `account_live` computed it from two loads of the header
-    /// per call, which after an acquire (an L1 invalidation) were two round trips to memory,
-    /// one after the other (ncu of one thread's mallocs, `docs/benchmarks.md`).
-    used_shift: u32,
 }
 
 /// UAlloc's chunks come from the heap's buddy tree. A borrow of the heap's view, not a copy of
@@ -442,7 +444,6 @@ impl<'a> DeviceHeap<'a> {
                 large,
                 buddy: TBuddy::new(&header.buddy, nodes),
                 data: at(g.data_offset),
-                used_shift: g.used_quantum_shift(),
             }
         }
     }
@@ -735,7 +736,11 @@ impl<'a> DeviceHeap<'a> {
     fn account_live(&self, delta: i64) {
         let old = self.shard().words[stat::LIVE_BYTES].fetch_add_relaxed(delta as u64) as i64;
         let new = old.wrapping_add(delta);
-        let shift = self.used_shift;
+        // From the view's lengths (data pages, arenas), not the header's geometry: two loads of
+        // the header per call were, after an acquire's L1 invalidation, two round trips to
+        // memory one after the other (ncu of one thread's mallocs, `docs/benchmarks.md`). A
+        // field of the view with the shift made frees 2% slower (H100).
+        let shift = Geometry::quantum_shift(self.large.len() as u64, self.arenas.len() as u64);
         // Arithmetic shifts: floor division by the quantum, also below zero.
         let steps = (new >> shift) - (old >> shift);
         if steps != 0 {
