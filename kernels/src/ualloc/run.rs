@@ -1,9 +1,9 @@
-//! Runs of slots for lone lanes: one bin per arena and class, carved full, whose slots are
-//! handed out by index with one add on the run's word ([`Run`](crate::run::Run), whose base is
-//! the bin's address in 128 B blocks).
+//! Runs of slots for lanes alone in their warp: one bin per arena and class, carved full,
+//! whose slots are handed out by index with one add on the run's word
+//! ([`Run`](crate::run::Run), whose base is the bin's address in 128 B blocks). Only the lane
+//! that is the one lane of its warp asking for a small block comes here (`alloc_alone`).
 //!
-//! A lane alone with its class in its warp would otherwise take a slot with a chain of
-//! dependent atomics: the class's semaphore, the arena's read section, the list's head, the
+//! Such a lane would otherwise take a slot with a chain of dependent atomics: the class's semaphore, the arena's read section, the list's head, the
 //! bin's count and bitmap, and the section's closing fence. ncu of one thread's mallocs put a
 //! third of its time there (`docs/benchmarks.md`). From a run it costs one add; the lane whose
 //! add uses the run up (or finds none) carves the next bin and keeps its slot 0.
