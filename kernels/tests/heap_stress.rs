@@ -497,21 +497,20 @@ fn adoptions_take_chunks_in_runs_and_race_safely() {
     assert_eq!(heap.buddy().available_pages(), pages);
 }
 
-fn heap_reserved(h: &HostHeap) -> u64 {
+/// The header word at `offset` (`offset_of!(HeapHeader, ..)`).
+fn header_word(h: &HostHeap, offset: usize) -> u64 {
     // SAFETY: reading one word of our own heap's header.
-    unsafe {
-        std::ptr::read_volatile(h.mem.add(std::mem::offset_of!(HeapHeader, reserved)) as *const u64)
-    }
+    unsafe { std::ptr::read_volatile(h.mem.add(offset) as *const u64) }
+}
+
+fn heap_reserved(h: &HostHeap) -> u64 {
+    header_word(h, std::mem::offset_of!(HeapHeader, reserved))
 }
 
 fn heap_used(h: &HostHeap) -> (u64, u64) {
-    let word = |offset: usize| {
-        // SAFETY: reading one word of our own heap's header.
-        unsafe { std::ptr::read_volatile(h.mem.add(offset) as *const u64) }
-    };
     (
-        word(std::mem::offset_of!(HeapHeader, used)),
-        word(std::mem::offset_of!(HeapHeader, used_high)),
+        header_word(h, std::mem::offset_of!(HeapHeader, used)),
+        header_word(h, std::mem::offset_of!(HeapHeader, used_high)),
     )
 }
 
