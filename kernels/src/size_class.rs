@@ -222,8 +222,16 @@ impl SizeClass {
 /// leases), and a kernel that mallocs and then frees 1 KB 7–9% slower (docs/benchmarks.md).
 /// Sizing the refill by the reservations it saw uncovered instead was slower than both.
 const REFILL_SLOTS: [u32; NUM_KINDS] = [1024, 2048];
-/// The most bins one refill carves (small bins: 32 KB).
+/// The most bins one refill carves while chunks are plentiful (small bins: 32 KB).
 pub const MAX_REFILL_BINS: u32 = 8;
+
+/// Slots a refill for a class's home aims to carve at once while chunks are scarce (INV(UA16)):
+/// every SM takes from it, so it makes enough for a crowd of warps, about 128 groups of 32 from
+/// the small bins (16 bins of 16 B) and a whole chunk of the large ones. See
+/// [`SizeClass::home_refill_bins`].
+const HOME_REFILL_SLOTS: u32 = 4096;
+/// The most bins one refill for a home carves (small bins: 128 KB).
+pub const MAX_HOME_REFILL_BINS: u32 = 32;
 
 impl SizeClass {
     /// Bins a refill of this class carves at once while the heap has chunks to spare
@@ -261,6 +269,31 @@ impl SizeClass {
     }
 }
 
+impl SizeClass {
+    /// Bins a refill for the class's home carves at once while chunks are scarce
+    /// (`ualloc::steal`, INV(UA16)): enough for [`HOME_REFILL_SLOTS`] slots, at most
+    /// [`MAX_HOME_REFILL_BINS`] and at most a chunk's bins. Every SM takes this class's blocks
+    /// at the home then, one refill at a time; with one bin per refill, 2^16 threads asking
+    /// 16 B each waited for 256 refills in turn in a 64 MiB heap (8.1 ms, H100, 092ea42), where
+    /// a 512 MiB heap, whose SMs carve bins of their own, took 0.12 ms. What a home holds
+    /// beyond its blocks is a few listed bins per class, shared by every SM, which a trim gives
+    /// back once they are empty.
+    #[inline(always)]
+    pub const fn home_refill_bins(self) -> u32 {
+        let chunk_bins = match self.kind() {
+            BinKind::Small => SMALL_BINS as u32,
+            BinKind::Large => LARGE_BINS as u32,
+        };
+        let want = HOME_REFILL_SLOTS.div_ceil(self.slots());
+        let cap = if chunk_bins < MAX_HOME_REFILL_BINS {
+            chunk_bins
+        } else {
+            MAX_HOME_REFILL_BINS
+        };
+        if want < cap { want } else { cap }
+    }
+}
+
 // Every class fits the bitmap, and a group asking for one class fits in one bin (INV(UA6)).
 const _: () = {
     let mut i = 0;
@@ -270,6 +303,7 @@ const _: () = {
         assert!(c.bitmap_words() <= BITMAP_WORDS);
         assert!(c.slots() >= c.max_group() && c.max_group() > 0);
         assert!(c.refill_bins() >= 1 && c.refill_bins() <= MAX_REFILL_BINS);
+        assert!(c.home_refill_bins() >= 1 && c.home_refill_bins() <= MAX_HOME_REFILL_BINS);
         i += 1;
     }
 };
@@ -283,6 +317,14 @@ mod tests {
         let bins = SizeClass::ALL.map(|c| c.refill_bins());
         // 16 B … 4 KB: 256, 128, 64, 32, 408, 204, 102, 51, 25 slots per bin.
         assert_eq!(bins, [4, 8, 8, 2, 5, 5, 5, 2, 2]);
+    }
+
+    #[test]
+    fn home_refill_bins_per_class() {
+        let bins = SizeClass::ALL.map(|c| c.home_refill_bins());
+        // 16 B … 4 KB: 256, 128, 64, 32, 408, 204, 102, 51, 25 slots per bin; a large chunk
+        // holds 5 bins.
+        assert_eq!(bins, [16, 32, 32, 32, 5, 5, 5, 5, 5]);
     }
 
     #[test]

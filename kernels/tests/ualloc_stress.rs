@@ -271,8 +271,9 @@ fn every_class_alone() {
 }
 
 /// A refill carves `refill_bins` bins at once while the source holds at least four chunks per
-/// arena, and one bin when it holds fewer: the class's semaphore holds exactly their slots but
-/// the one taken, and everything goes back. The plentiful heap's refill is a group's (a lone
+/// arena, and `home_refill_bins` when it holds fewer and the arena is the class's home (the
+/// one arena here is every class's): the class's semaphore holds exactly their slots but the
+/// one taken, and everything goes back. The plentiful heap's refill is a group's (a lone
 /// `malloc` there takes a run's slot, `lone_mallocs_take_a_runs_slots_in_order`); in the
 /// scarce one a lone `malloc` refills too, its class's run parked.
 #[test]
@@ -291,7 +292,11 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
                 }
                 let p = p[0];
                 adopt_block(&ua, &shadow, p, class.size(), 1);
-                let bins = if plenty { class.refill_bins() } else { 1 };
+                let bins = if plenty {
+                    class.refill_bins()
+                } else {
+                    class.home_refill_bins()
+                };
                 let (free, _, _) = arenas[0].slot_counters(class);
                 assert_eq!(free, bins * class.slots() - 1, "{class:?}, {chunks} chunks");
                 ua.assert_valid();
@@ -799,8 +804,8 @@ fn refills_skip_futile_trims_until_a_bin_is_left_empty() {
         let (arenas, chunks) = heap(1, CHUNKS);
         let (ua, gate) = gated(arenas, &chunks);
         let shadow = Shadow::default();
-        // With fewer than four chunks per arena each refill carves one bin, and a lone thread
-        // fills it before the next: the first `slots` blocks are the first bin's.
+        // A lone thread fills the first bin of each refill (its list's head) before the next:
+        // the first `slots` blocks are the first bin's.
         let blocks = fill_class(&ua, &shadow, 16, CHUNKS);
         let trims = gate.trims();
         assert!(trims > 0, "the fill's last refill trims before its null");

@@ -328,8 +328,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     }
 
     /// Where `k` slots of `class` are for a group of arena `ai` ([`units_at`]): its own units
-    /// with one `wait` (the fast path); in a small heap, the class's home's units when ours
-    /// ran out (INV(UA16), [`take_at_home`](Self::take_at_home)); or the refill's.
+    /// with one `wait` (the fast path); in a small heap, the class's home's units or its
+    /// refill's when ours ran out (INV(UA16), [`serve_at_home`](Self::serve_at_home)); or the
+    /// refill's.
     /// For the group's leader (or a lone lane).
     #[inline(always)]
     fn find_slots(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
@@ -349,7 +350,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // to the home): in a big heap's fresh fill the look cost 3-5% (H100, 88eca1d).
         let look = self.small_heap();
         match slots.wait_after(miss, k, class.slots(), look, || {
-            self.take_at_home(ai, class, k)
+            self.serve_at_home(ai, class, k)
         }) {
             Ok(Wait::Acquired) => units_at(ai),
             Ok(Wait::MustRefill) => self.refill(ai, class, k),

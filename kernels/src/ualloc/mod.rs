@@ -103,8 +103,8 @@ pub trait ChunkSource {
 
     /// The most chunks the source could ever hold (default: no bound). A source with fewer
     /// than four per arena is a small heap, whose chunks are always scarce: a group whose own
-    /// arena has no slots looks at its class's home before it waits for a refill of its own
-    /// (INV(UA16), `UAlloc::take_at_home`).
+    /// arena has no slots goes to its class's home before it waits for a refill of its own
+    /// (INV(UA16), `UAlloc::serve_at_home`).
     fn chunks_at_most(&self) -> usize {
         usize::MAX
     }

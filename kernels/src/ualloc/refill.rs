@@ -157,7 +157,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// [`SizeClass::refill_bins`] bins at once, and signals all their slots against the one
     /// bin its `wait` promised (INV(SEM4): a refill may make more units than it promised). A
     /// fresh heap then pays the two list mutexes once per several bins. Otherwise it carves
-    /// one, so that no arena holds bins it does not need when memory is short.
+    /// one, so that no arena holds bins it does not need when memory is short, except for a
+    /// class's home, which every SM takes from then: [`SizeClass::home_refill_bins`].
     ///
     /// The bins are carved for arena `owner` (its list, its slots semaphore, which holds the
     /// promise); they come from the chunks of arena `ai`, the caller's, or elsewhere. `owner`
@@ -176,8 +177,13 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let mut retries = 0;
         let kind = class.kind();
         let chunks_left = self.source.chunks_left();
-        let want = if chunks_left >= self.arenas.len() * PLENTY_CHUNKS_PER_ARENA {
+        let scarce = self.scarce_with(chunks_left);
+        // While chunks are scarce, one bin for an arena of its own, and a crowd's worth for a
+        // class's home, which every SM takes from (INV(UA16)).
+        let want = if !scarce {
             class.refill_bins()
+        } else if owner == self.home(class.index()) {
+            class.home_refill_bins()
         } else {
             1
         };
@@ -186,9 +192,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // that a few SMs do not hold every chunk while the others have none, and one new chunk
         // of a kind at a time (INV(UA16)); the source; other arenas' chunks; and after a trim,
         // all again.
-        let lone = |addr: Option<u64>| addr.map_or((0, 0), |a| (a, 1));
-        let mut taken = if self.scarce_with(chunks_left) {
-            lone(self.take_free_bin(ai, kind, 0))
+        let mut taken = if scarce {
+            self.take_free_bins(ai, kind, want)
         } else {
             (0, 0)
         };
@@ -200,11 +205,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             if taken.1 > 0 {
                 break;
             }
-            // No chunk of our own: a free bin in another arena's chunks (steal.rs) comes
-            // before a trim, which walks every arena and waits for grace periods. After an
-            // adoption we joined (`JOINED`), our own arena's too: it may have been ours.
+            // Fewer than `want` free bins of our own and no chunk to adopt: free bins in any
+            // arena's chunks (steal.rs), our own first, come before a trim, which walks every
+            // arena and waits for grace periods. Ours: what a trim gave back, or the chunk of
+            // an adoption we joined (`JOINED`), may hold fewer bins than `want`.
             let joined_now = taken.0 == JOINED;
-            taken = lone(self.take_free_bin(ai, kind, (!joined_now) as usize));
+            taken = self.take_free_bins(ai, kind, want);
             if taken.1 > 0 {
                 break;
             }
@@ -245,7 +251,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let (mut head, mut tail) = (0, 0);
         let mut at = first;
         for i in 0..count {
-            // SAFETY: `take_bins`/`take_free_bin` handed us these bins of live chunks,
+            // SAFETY: `take_bins`/`take_free_bins` handed us these bins of live chunks,
             // exclusively.
             let bin = unsafe { bin_at(at) };
             let next = if i + 1 < count {

@@ -2,8 +2,8 @@
 //!
 //! An arena holds the chunks its SM adopted, and bins of each class with free slots. Two ways
 //! let other SMs use them:
-//! 1. **Free bins** ([`UAlloc::take_free_bin`]): a refill takes a free bin from another
-//!    arena's chunk and carves it for its own arena (or for a class's home, below). The bin's
+//! 1. **Free bins** ([`UAlloc::take_free_bins`]): a refill takes free bins from another
+//!    arena's chunks and carves them for its own arena (or for a class's home, below). The bin's
 //!    `owner` says whose class list, slot semaphore and SRCU domain hold it (INV(UA12)); the
 //!    chunk stays with the arena that adopted it (its chunk lists, its bins semaphore, its
 //!    return to the source). A refill does this when its own arena and the source have no
@@ -49,7 +49,7 @@ use core::ptr;
 use crate::bulk_semaphore::Shared;
 use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::{ListClaimer, slot_ptr, units_at};
-use crate::ualloc::arena::Arena;
+use crate::ualloc::arena::{Arena, bin_at};
 use crate::ualloc::chunk::bin_offset;
 use crate::ualloc::layout::WORD_BITS;
 use crate::ualloc::refill::nth_free_bin;
@@ -68,7 +68,7 @@ pub(crate) const HOME_CHUNKS_PER_ARENA: usize = 4;
 /// passes its 90% floor).
 const HOME_TRIES: u32 = 4096;
 
-/// How often [`UAlloc::take_free_bin`] tries an arena whose semaphore shows free bins.
+/// How often [`UAlloc::take_free_bins`] tries an arena whose semaphore shows free bins.
 const TRANSIENT_LOOKS: u32 = 4;
 
 impl<S: ChunkSource> UAlloc<'_, S> {
@@ -103,8 +103,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// [`units_at`] encodes them: units there, or a fresh bin that a home refill carved from
     /// our chunks; 0 when a home refill (ours, or the one we waited for) found no memory after
     /// its trims, the same attempt as a refill of our own arena. `None`: not served at the home
-    /// (our arena is the home, or others kept taking its slots); refill as usual. The caller
-    /// holds its own arena's promise meanwhile.
+    /// (our arena is the home, or others kept taking its slots); refill as usual.
+    ///
+    /// Two callers: a refill of our arena, which holds its promise meanwhile, so that the
+    /// arena's other waiters wait for it; and, in a [`small_heap`](Self::small_heap) (always
+    /// scarce), a group whose own arena has no units and no refill in flight, before it
+    /// reserves there. Through the latter, every warp of an SM reaches the home side by side
+    /// instead of one refill of its arena at a time: a warm launch of 1,024 threads × 16 B in
+    /// a 64 MiB heap queued its eight warps per SM that way (38.3 µs; 30.2 µs with a look at
+    /// the home's units, H100, 88eca1d), and a fresh one of 2^16 threads took one bin's worth
+    /// per refill of each SM.
     #[cold]
     #[inline(never)]
     pub(crate) fn serve_at_home(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
@@ -128,22 +136,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// In a [`small_heap`](Self::small_heap) (always scarce), `k` units of `class` at its
-    /// home for a group of arena `ai` whose own units ran out: one `try_wait` on the home's
-    /// slots, nothing else (no refill, no wait). `units_at(home)`, or `None` (our arena is the
-    /// home, or the home has too few). Before the group reserves on its own arena's
-    /// semaphore, so that each SM's warps reach the home side by side instead of one refill at
-    /// a time: a warm launch of 1,024 threads × 16 B in a 64 MiB heap queued its eight warps
-    /// per SM that way (38.3 µs; 30.2 µs with this look, H100, 88eca1d).
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn take_at_home(&self, ai: usize, class: SizeClass, k: u32) -> Option<u64> {
-        let h = self.home(class.index());
-        let slots = &self.arenas[h].class(class).slots.0;
-        let found = h != ai && slots.available() >= k && slots.try_wait(k);
-        found.then(|| units_at(h))
-    }
-
     /// The arenas in order from `ai + skip` round to the one before `ai` (`skip` 1: the arenas
     /// other than `ai`).
     fn arenas_from(&self, ai: usize, skip: usize) -> impl Iterator<Item = &Arena> {
@@ -151,52 +143,79 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         (skip..n).map(move |step| &self.arenas[(ai + step) % n])
     }
 
-    /// A free bin of `kind` from an arena's chunks, taken off its chunk for the caller to carve
-    /// for arena `ai` (INV(UA12)); `None` when none has one. The arenas are tried in order from
-    /// `ai + skip`: `skip` 1 looks at the other arenas only (the caller's own bins are taken
-    /// with its semaphore's `wait`, `take_bins`).
+    /// Up to `want` free bins of `kind` from one arena's chunks, taken off them for the caller
+    /// to carve for arena `ai` (INV(UA12)): `(first, count)`, the others chained after the
+    /// first through `next` in the order taken, as [`take_bins`](Self::take_bins) hands them
+    /// out; `(0, 0)` when no arena has one. The arenas are tried in order from `ai`'s own:
+    /// where `take_bins` waits for `want` bins at once, this takes the few that a trim gave
+    /// back, or that another thread's adoption left.
     #[cold]
     #[inline(never)]
-    pub(crate) fn take_free_bin(&self, ai: usize, kind: BinKind, skip: usize) -> Option<u64> {
-        for arena in self.arenas_from(ai, skip) {
-            let ks = arena.kind(kind);
+    pub(crate) fn take_free_bins(&self, ai: usize, kind: BinKind, want: u32) -> (u64, u32) {
+        for arena in self.arenas_from(ai, 0) {
             // A plain load first: threads that run out together look at every arena, and a
-            // failed `try_wait` costs two atomics on another SM's line. A `try_wait` fails
-            // while others' deductions are in flight (INV(SEM3)): look again a few times
-            // while the load shows units, or SMs that look together miss the free bins and
-            // adopt chunks they do not need.
-            // INV(UA9): a unit is a free bin on the partial list, ours to take.
-            let mut got = false;
-            for _ in 0..TRANSIENT_LOOKS {
-                if ks.bins.0.available() == 0 {
-                    break;
-                }
-                if ks.bins.0.try_wait(1) {
-                    got = true;
-                    break;
-                }
-            }
-            if !got {
+            // failed `try_wait` costs two atomics on another SM's line.
+            if arena.kind(kind).bins.0.available() == 0 {
                 continue;
             }
-            let list = &ks.chunks.0;
-            list.lock.lock_single();
+            let taken = self.take_free_bins_of(arena, kind, want);
+            if taken.1 > 0 {
+                return taken;
+            }
+        }
+        (0, 0)
+    }
+
+    /// [`take_free_bins`](Self::take_free_bins) from one arena whose semaphore showed free
+    /// bins: `(0, 0)` when they went to others first.
+    fn take_free_bins_of(&self, arena: &Arena, kind: BinKind, want: u32) -> (u64, u32) {
+        let ks = arena.kind(kind);
+        // A `try_wait` fails while others' deductions are in flight (INV(SEM3)): look again a
+        // few times while the load shows units, or SMs that look together miss the free bins
+        // and adopt chunks they do not need.
+        // INV(UA9): a unit is a free bin on the partial list, ours to take.
+        let mut got = 0;
+        for _ in 0..TRANSIENT_LOOKS {
+            let free = ks.bins.0.available();
+            if free == 0 {
+                break;
+            }
+            let n = free.min(want);
+            if ks.bins.0.try_wait(n) {
+                got = n;
+                break;
+            }
+        }
+        if got == 0 {
+            return (0, 0);
+        }
+        let list = &ks.chunks.0;
+        let (mut first, mut last) = (0, 0);
+        list.lock.lock_single();
+        for _ in 0..got {
             let (chunk, index) = nth_free_bin(list, 0);
             chunk.take_bin(index);
             if chunk.n_free.load_relaxed() == 0 {
                 // INV(UA10): a chunk with no free bin leaves the partial list.
                 list.unlink_partial_locked(chunk);
             }
-            list.lock.unlock();
-            return Some((chunk.base() + bin_offset(kind, index)) as u64);
+            let at = (chunk.base() + bin_offset(kind, index)) as u64;
+            if last == 0 {
+                first = at;
+            } else {
+                // SAFETY: a bin we took, ours alone until the caller lists it.
+                unsafe { bin_at(last) }.next.store_relaxed(at);
+            }
+            last = at;
         }
-        None
+        list.lock.unlock();
+        (first, got)
     }
 
     /// One free slot of `class` from another arena's listed bins than `ai`; null when none
-    /// has one. For a lane whose own arena, the source and [`take_free_bin`] have failed.
+    /// has one. For a lane whose own arena, the source and [`take_free_bins`] have failed.
     ///
-    /// [`take_free_bin`]: Self::take_free_bin
+    /// [`take_free_bins`]: Self::take_free_bins
     #[cold]
     #[inline(never)]
     pub(crate) fn steal_slot(&self, ai: usize, class: SizeClass) -> *mut u8 {
