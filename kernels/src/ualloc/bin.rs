@@ -204,6 +204,17 @@ impl BinHeader {
     /// (INV(UA12)). The caller owns the bin exclusively (just taken from a chunk) and publishes
     /// it afterwards (list link, release).
     pub fn init_for(&self, owner: u32, class: SizeClass, claimed: u32) {
+        self.prepare_for(owner, class, claimed);
+        // Release: pairs with the acquire in `class` (a `free` validating a pointer sees a
+        // fully initialized bin once it sees the class).
+        self.info.store_release(class.index() as u32 + 1);
+    }
+
+    /// [`init_for`](Self::init_for) but for the class: every word but `info`, relaxed. The
+    /// carver then makes one release fence for all the bins it prepared and
+    /// [`publish_class`](Self::publish_class)es each: a refill that carves many bins pays
+    /// one fence instead of one per bin.
+    pub fn prepare_for(&self, owner: u32, class: SizeClass, claimed: u32) {
         debug_assert!(claimed <= class.slots());
         self.owner.store_relaxed(owner);
         for (w, word) in self.bitmap.iter().enumerate() {
@@ -218,9 +229,13 @@ impl BinHeader {
         // INV(UA13): a bin goes back to its chunk only with a zero count, but a fresh chunk's
         // memory is arbitrary.
         self.pending.store_relaxed(0);
-        // Release: pairs with the acquire in `class` (a `free` validating a pointer sees a
-        // fully initialized bin once it sees the class).
-        self.info.store_release(class.index() as u32 + 1);
+    }
+
+    /// The class of a bin [`prepare_for`](Self::prepare_for) initialized, after a release
+    /// fence that follows the preparation: the fence and this store pair with the acquire in
+    /// [`class`](Self::class) as `init_for`'s release store does.
+    pub fn publish_class(&self, class: SizeClass) {
+        self.info.store_relaxed(class.index() as u32 + 1);
     }
 
     /// The class while carved (INV(UA5)).

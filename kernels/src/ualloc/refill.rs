@@ -3,7 +3,7 @@
 
 use crate::bulk_semaphore::Wait;
 use crate::collective::Group;
-use crate::platform::Backoff;
+use crate::platform::{self, Backoff};
 use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::{drain_pending, sync_listing};
 use crate::ualloc::arena::{Arena, ChunkList, KindState, bin_at, chunk_at};
@@ -260,7 +260,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 0
             };
             let claimed = if i == 0 { k } else { 0 };
-            bin.init_for(owner as u32, class, claimed);
+            bin.prepare_for(owner as u32, class, claimed);
             if claimed < class.slots() {
                 // Appended, so that the first bin, which has the fewest free slots, is the
                 // head and fills first.
@@ -275,6 +275,25 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 tail = at;
             }
             at = next;
+        }
+        // One release for every bin's words, then each bin's class (`BinHeader::init_for`,
+        // split): a fence per bin made each bin of a refill cost about 1.6 µs while warps
+        // waited for it (H100, 16 or 64 bins per refill for a class's home).
+        platform::fence_acq_rel();
+        // SAFETY: as above.
+        unsafe { bin_at(first) }.publish_class(class);
+        let mut at = head;
+        while at != 0 {
+            // SAFETY: as above.
+            let bin = unsafe { bin_at(at) };
+            if at != first {
+                bin.publish_class(class);
+            }
+            at = if at == tail {
+                0
+            } else {
+                bin.next.load_relaxed()
+            };
         }
         if head != 0 {
             let list = &self.arenas[owner].class(class).list.0;
