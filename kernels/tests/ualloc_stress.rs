@@ -51,6 +51,9 @@ struct HostChunks {
     chunks: usize,
     free: Mutex<Vec<usize>>,
     out: AtomicUsize,
+    /// Whether the source says how many chunks it could ever hold (`chunks_at_most`), as a
+    /// fixed heap's does: with fewer than four per arena, a small heap (INV(UA16)).
+    bounded: AtomicBool,
 }
 
 // SAFETY: the buffer is only handed out through the mutex-guarded free list.
@@ -75,6 +78,7 @@ impl HostChunks {
             chunks,
             free: Mutex::new(free),
             out: AtomicUsize::new(0),
+            bounded: AtomicBool::new(false),
         })
     }
 
@@ -121,6 +125,14 @@ impl ChunkSource for Source {
 
     fn chunks_left(&self) -> usize {
         self.0.free.lock().unwrap().len()
+    }
+
+    fn chunks_at_most(&self) -> usize {
+        if self.0.bounded.load(SeqCst) {
+            self.0.chunks
+        } else {
+            usize::MAX
+        }
     }
 }
 
@@ -304,6 +316,58 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
                 assert_all_returned(&ua, &source);
             }
         }
+    });
+}
+
+/// INV(UA16) in a small heap (a source that could never hold four chunks per arena): a group
+/// whose arena is not its class's home takes its slots at the home. The home's one refill
+/// carves `home_refill_bins` bins from the group's own chunks, for the home; a group of
+/// another SM then takes its slots there without a refill and without a chunk of its own.
+/// Everything goes back. Without the home, each SM would carve a bin of its own (one chunk
+/// per SM here), and with one bin per home refill the home would hold a bin's slots.
+#[test]
+fn small_heap_groups_share_a_home_refill_of_many_bins() {
+    with_deadline(|| {
+        const SMS: usize = 8;
+        let (arenas, source) = heap(SMS, 8);
+        source.bounded.store(true, SeqCst);
+        let ua = ualloc(arenas, &source);
+        let shadow = Shadow::default();
+        for class in [SizeClass::from_size(16), SizeClass::from_size(1024)] {
+            let k = class.max_group();
+            let made = class.home_refill_bins() * class.slots();
+            let mut live = Vec::new();
+            for (step, sm) in [0u32, 5].into_iter().enumerate() {
+                toga_kernels::platform::set_sm_id(sm);
+                let mut out = vec![std::ptr::null_mut(); k as usize];
+                assert!(ua.malloc_bulk(class.size(), &mut out));
+                for &p in &out {
+                    adopt_block(&ua, &shadow, p, class.size(), 3);
+                }
+                live.extend(out);
+                let at_home: u32 = (0..SMS).map(|a| arenas[a].slot_counters(class).0).sum();
+                assert_eq!(
+                    at_home,
+                    made - (step as u32 + 1) * k,
+                    "{class:?}: the slots of one home refill, less the groups'"
+                );
+                assert_eq!(source.outstanding(), 1, "{class:?}: one chunk in all");
+            }
+            let holders: Vec<usize> = (0..SMS)
+                .filter(|&a| arenas[a].slot_counters(class).0 > 0)
+                .collect();
+            assert_eq!(holders.len(), 1, "{class:?}: one arena holds the slots");
+            assert_ne!(
+                holders[0], 0,
+                "{class:?}: SM 0 carved for itself, not the home"
+            );
+            ua.assert_valid();
+            for p in live {
+                release_block(&ua, &shadow, p, 3);
+            }
+            assert_all_returned(&ua, &source);
+        }
+        toga_kernels::platform::set_sm_id(0);
     });
 }
 
