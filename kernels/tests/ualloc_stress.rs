@@ -127,6 +127,26 @@ impl ChunkSource for Source {
         self.0.free.lock().unwrap().len()
     }
 
+    /// Runs only from a bounded source (the heap's buddy tree hands them out; the tests that
+    /// predate them see single chunks).
+    fn alloc_chunk_run(&self, log2: u32) -> Option<*mut u8> {
+        if !self.0.bounded.load(SeqCst) {
+            return None;
+        }
+        let n = 1usize << log2;
+        let mut free = self.0.free.lock().unwrap();
+        let index = |c: usize| (c - self.0.base as usize) / CHUNK_SIZE;
+        let mut have = vec![false; self.0.chunks];
+        for &c in free.iter() {
+            have[index(c)] = true;
+        }
+        let first =
+            (0..=self.0.chunks.checked_sub(n)?).find(|&i| have[i..i + n].iter().all(|&h| h))?;
+        free.retain(|&c| !(first..first + n).contains(&index(c)));
+        self.0.out.fetch_add(n, SeqCst);
+        Some(self.0.at(first, 0))
+    }
+
     fn chunks_at_most(&self) -> usize {
         if self.0.bounded.load(SeqCst) {
             self.0.chunks
@@ -316,6 +336,52 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
                 assert_all_returned(&ua, &source);
             }
         }
+    });
+}
+
+/// Refills of one arena that come together while chunks are plentiful share one trip of
+/// several chunks to the source: the trip's promise on the arena's bins semaphore covers all
+/// the bins it brings (`take_bins`' batch), so the other refills wait for it. 1 KB refills
+/// carve a whole chunk's 5 bins; when the promise covered one chunk, it covered none of them,
+/// and each refill that came meanwhile took four chunks of its own. Eight threads on one
+/// arena of a bounded 256-chunk source, each asking for 32 blocks of 1 KB at once, sixty
+/// times over fresh heaps: one trip of four chunks serves their 256 blocks (3 bins), so at
+/// most 4 chunks are out. With a promise of one chunk, 8 were (two trips).
+#[test]
+fn refills_that_come_together_share_a_trip_of_several_chunks() {
+    with_deadline(|| {
+        const THREADS: usize = 8;
+        let mut most = 0;
+        for _ in 0..60 {
+            let (arenas, source) = heap(1, 256);
+            source.bounded.store(true, SeqCst);
+            let ua = ualloc(arenas, &source);
+            let barrier = Barrier::new(THREADS);
+            let blocks: Vec<Vec<usize>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        s.spawn(|| {
+                            toga_kernels::platform::set_sm_id(0);
+                            let mut out = vec![std::ptr::null_mut(); 32];
+                            barrier.wait();
+                            assert!(ua.malloc_bulk(1024, &mut out));
+                            out.iter().map(|&p| p as usize).collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            most = most.max(source.outstanding());
+            ua.assert_valid();
+            for p in blocks.into_iter().flatten() {
+                // SAFETY: a live block of this UAlloc, freed once.
+                let freed = unsafe { ua.free(p as *mut u8) };
+                assert_eq!(freed, FreeOutcome::Freed(SizeClass::from_size(1024)));
+            }
+            assert_all_returned(&ua, &source);
+        }
+        println!("at most {most} chunks out");
+        assert!(most <= 4, "{most} chunks out for 256 blocks of 1 KB");
     });
 }
 
