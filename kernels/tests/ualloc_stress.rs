@@ -54,6 +54,10 @@ struct HostChunks {
     /// Whether the source says how many chunks it could ever hold (`chunks_at_most`), as a
     /// fixed heap's does: with fewer than four per arena, a small heap (INV(UA16)).
     bounded: AtomicBool,
+    /// A test's hold on the next trip of several chunks: `alloc_chunk_run` takes it, says so in
+    /// `in_run`, and waits for the test's word before it takes its chunks.
+    run_hold: Mutex<Option<mpsc::Receiver<()>>>,
+    in_run: AtomicBool,
 }
 
 // SAFETY: the buffer is only handed out through the mutex-guarded free list.
@@ -79,6 +83,8 @@ impl HostChunks {
             free: Mutex::new(free),
             out: AtomicUsize::new(0),
             bounded: AtomicBool::new(false),
+            run_hold: Mutex::new(None),
+            in_run: AtomicBool::new(false),
         })
     }
 
@@ -132,6 +138,11 @@ impl ChunkSource for Source {
     fn alloc_chunk_run(&self, log2: u32) -> Option<*mut u8> {
         if !self.0.bounded.load(SeqCst) {
             return None;
+        }
+        let hold = self.0.run_hold.lock().unwrap().take();
+        if let Some(hold) = hold {
+            self.0.in_run.store(true, SeqCst);
+            hold.recv().unwrap();
         }
         let n = 1usize << log2;
         let mut free = self.0.free.lock().unwrap();
@@ -340,48 +351,71 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
 }
 
 /// Refills of one arena that come together while chunks are plentiful share one trip of
-/// several chunks to the source: the trip's promise on the arena's bins semaphore covers all
-/// the bins it brings (`take_bins`' batch), so the other refills wait for it. 1 KB refills
-/// carve a whole chunk's 5 bins; when the promise covered one chunk, it covered none of them,
-/// and each refill that came meanwhile took four chunks of its own. Eight threads on one
-/// arena of a bounded 256-chunk source, each asking for 32 blocks of 1 KB at once, sixty
-/// times over fresh heaps: one trip of four chunks serves their 256 blocks (3 bins), so at
-/// most 4 chunks are out. With a promise of one chunk, 8 were (two trips).
+/// several chunks to the source, in a heap below 64 chunks per arena: the trip's promise on
+/// the arena's bins semaphore covers all the bins it brings (`take_bins`' batch). A 1 KB
+/// refill carves a whole chunk's 5 bins; when the promise covered one chunk it covered none
+/// of the others, and each refill that came meanwhile made a trip of its own (on the GPU,
+/// 2^16 threads asking 1 KB held 1.4 GiB of chunks for 64 MiB of blocks). Deterministic: the
+/// source holds the first trip while the test looks. Thread A's trip of four chunks promises
+/// 20 bins less its 5; thread B, a 512 B refill of the same arena and kind, reserves 5 and
+/// waits for A instead of going to the source (with the old promise of 0 it went: 8 chunks
+/// out). After the trip the semaphore holds no promise: each chunk settled its part, the
+/// spare's part was retracted.
 #[test]
 fn refills_that_come_together_share_a_trip_of_several_chunks() {
+    use toga_kernels::size_class::BinKind;
     with_deadline(|| {
-        const THREADS: usize = 8;
-        let mut most = 0;
-        for _ in 0..60 {
-            let (arenas, source) = heap(1, 256);
-            source.bounded.store(true, SeqCst);
-            let ua = ualloc(arenas, &source);
-            let barrier = Barrier::new(THREADS);
-            let blocks: Vec<Vec<usize>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..THREADS)
-                    .map(|_| {
-                        s.spawn(|| {
-                            toga_kernels::platform::set_sm_id(0);
-                            let mut out = vec![std::ptr::null_mut(); 32];
-                            barrier.wait();
-                            assert!(ua.malloc_bulk(1024, &mut out));
-                            out.iter().map(|&p| p as usize).collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            most = most.max(source.outstanding());
-            ua.assert_valid();
-            for p in blocks.into_iter().flatten() {
-                // SAFETY: a live block of this UAlloc, freed once.
-                let freed = unsafe { ua.free(p as *mut u8) };
-                assert_eq!(freed, FreeOutcome::Freed(SizeClass::from_size(1024)));
+        // 32 chunks per arena: below 64, and four per trip while a quarter is out at most.
+        let (arenas, source) = heap(4, 128);
+        source.bounded.store(true, SeqCst);
+        let (release, hold) = mpsc::channel();
+        *source.run_hold.lock().unwrap() = Some(hold);
+        let ua = ualloc(arenas, &source);
+        let shadow = Shadow::default();
+        let blocks = |size: usize| {
+            toga_kernels::platform::set_sm_id(0);
+            let mut out = vec![std::ptr::null_mut(); 32];
+            assert!(ua.malloc_bulk(size, &mut out));
+            out.into_iter().map(|p| p as usize).collect::<Vec<_>>()
+        };
+        // What the test saw while A's trip was held; asserted after the hold is let go, so a
+        // failure does not leave A waiting.
+        let (a, b, during, out_during) = std::thread::scope(|s| {
+            let a = s.spawn(|| blocks(1024));
+            while !source.in_run.load(SeqCst) {
+                std::thread::yield_now();
             }
-            assert_all_returned(&ua, &source);
+            let during = arenas[0].bin_counters(BinKind::Large);
+            let b = s.spawn(|| blocks(512));
+            while arenas[0].bin_counters(BinKind::Large).2 == 0 && source.outstanding() == 0 {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let out_during = source.outstanding();
+            release.send(()).unwrap();
+            (a.join().unwrap(), b.join().unwrap(), during, out_during)
+        });
+        assert_eq!(
+            during,
+            (0, 15, 0),
+            "A's trip promises 20 bins but its own 5"
+        );
+        assert_eq!(out_during, 0, "B made a trip of its own");
+        assert_eq!(source.outstanding(), 4, "one trip of four chunks");
+        let (_, promised, reserved) = arenas[0].bin_counters(BinKind::Large);
+        assert_eq!(
+            (promised, reserved),
+            (0, 0),
+            "the trip's promise is settled"
+        );
+        ua.assert_valid();
+        for (size, list) in [(1024, a), (512, b)] {
+            for p in list {
+                adopt_block(&ua, &shadow, p as *mut u8, size, 5);
+                release_block(&ua, &shadow, p as *mut u8, 5);
+            }
         }
-        println!("at most {most} chunks out");
-        assert!(most <= 4, "{most} chunks out for 256 blocks of 1 KB");
+        assert_all_returned(&ua, &source);
     });
 }
 

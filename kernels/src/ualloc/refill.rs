@@ -524,14 +524,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// chunk from the source with its first `k` bins taken, list it and signal the other bins;
     /// 0 (and the promise retracted) when the source is out of memory.
     ///
-    /// With several chunks per trip ([`adoption_log2`](Self::adoption_log2)), the promise
-    /// covers them all (`take_bins`' batch), so that the arena's other refills wait for this
-    /// one. Before, it covered one chunk: where a refill takes a whole chunk's bins (1 KB,
-    /// 5 bins) it covered nobody, every refill of the arena that came meanwhile took four
-    /// chunks of its own, and 2^16 threads asking 1 KB each held 1.4 GiB of chunks for 64 MiB
-    /// of blocks; in a 2 GiB heap, 2^18 threads then ran out of plenty and took 49.8 ms
-    /// (0.23 ms in an 8 GiB heap; H100, f4e7563). Each chunk of the run settles the part of
-    /// the promise its bins answer, and the spare's part is retracted last.
+    /// With several chunks per trip ([`adoption_log2`](Self::adoption_log2)) in a heap below
+    /// [`RUN_SHARED_BELOW_CHUNKS_PER_ARENA`] chunks per arena, the promise covers them all
+    /// (`take_bins`' batch), so that the arena's other refills wait for this one. Before, it
+    /// covered one chunk: where a refill takes a whole chunk's bins (1 KB, 5 bins) it covered
+    /// nobody, every refill of the arena that came meanwhile took four chunks of its own, and
+    /// 2^16 threads asking 1 KB each held 1.4 GiB of chunks for 64 MiB of blocks; in a 2 GiB
+    /// heap, 2^18 threads then ran out of plenty and took 49.8 ms (0.23 ms in an 8 GiB heap;
+    /// H100, f4e7563). Each chunk of the run settles the part of the promise its bins answer,
+    /// the first chunk's first, and what is left (the spare's part) is retracted last; a
+    /// spare or a single chunk settles all of it with fewer bins (INV(SEM4)).
     ///
     /// While chunks are scarce, one adoption of a kind at a time in the whole heap (INV(UA16)):
     /// SMs that run out together would otherwise each adopt a chunk for a few blocks (on the
