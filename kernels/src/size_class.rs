@@ -255,21 +255,9 @@ impl SizeClass {
         if self.slots() < 2 * self.max_group() {
             return 2;
         }
-        let (target, chunk_bins) = match self.kind() {
-            BinKind::Small => (REFILL_SLOTS[0], SMALL_BINS as u32),
-            BinKind::Large => (REFILL_SLOTS[1], LARGE_BINS as u32),
-        };
-        let want = target.div_ceil(self.slots());
-        let cap = if chunk_bins < MAX_REFILL_BINS {
-            chunk_bins
-        } else {
-            MAX_REFILL_BINS
-        };
-        if want < cap { want } else { cap }
+        self.bins_for(REFILL_SLOTS[self.kind().index()], MAX_REFILL_BINS)
     }
-}
 
-impl SizeClass {
     /// Bins a refill for the class's home carves at once while chunks are scarce
     /// (`ualloc::steal`, INV(UA16)): enough for [`HOME_REFILL_SLOTS`] slots, at most
     /// [`MAX_HOME_REFILL_BINS`] and at most a chunk's bins. Every SM takes this class's blocks
@@ -280,16 +268,18 @@ impl SizeClass {
     /// back once they are empty.
     #[inline(always)]
     pub const fn home_refill_bins(self) -> u32 {
+        self.bins_for(HOME_REFILL_SLOTS, MAX_HOME_REFILL_BINS)
+    }
+
+    /// Bins enough for `slots` slots of this class, at most `most` and at most a chunk's.
+    #[inline(always)]
+    const fn bins_for(self, slots: u32, most: u32) -> u32 {
         let chunk_bins = match self.kind() {
             BinKind::Small => SMALL_BINS as u32,
             BinKind::Large => LARGE_BINS as u32,
         };
-        let want = HOME_REFILL_SLOTS.div_ceil(self.slots());
-        let cap = if chunk_bins < MAX_HOME_REFILL_BINS {
-            chunk_bins
-        } else {
-            MAX_HOME_REFILL_BINS
-        };
+        let want = slots.div_ceil(self.slots());
+        let cap = if chunk_bins < most { chunk_bins } else { most };
         if want < cap { want } else { cap }
     }
 }
