@@ -153,11 +153,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[inline(never)]
     pub(crate) fn take_free_bins(&self, ai: usize, kind: BinKind, want: u32) -> (u64, u32) {
         for arena in self.arenas_from(ai, 0) {
-            // A plain load first: threads that run out together look at every arena, and a
-            // failed `try_wait` costs two atomics on another SM's line.
-            if arena.kind(kind).bins.0.available() == 0 {
-                continue;
-            }
             let taken = self.take_free_bins_of(arena, kind, want);
             if taken.1 > 0 {
                 return taken;
@@ -166,13 +161,15 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         (0, 0)
     }
 
-    /// [`take_free_bins`](Self::take_free_bins) from one arena whose semaphore showed free
-    /// bins: `(0, 0)` when they went to others first.
+    /// [`take_free_bins`](Self::take_free_bins) from one arena: `(0, 0)` when it has none, or
+    /// they went to others first.
     fn take_free_bins_of(&self, arena: &Arena, kind: BinKind, want: u32) -> (u64, u32) {
         let ks = arena.kind(kind);
-        // A `try_wait` fails while others' deductions are in flight (INV(SEM3)): look again a
-        // few times while the load shows units, or SMs that look together miss the free bins
-        // and adopt chunks they do not need.
+        // A plain load first: threads that run out together look at every arena, and a
+        // failed `try_wait` costs two atomics on another SM's line. A `try_wait` fails while
+        // others' deductions are in flight (INV(SEM3)): look again a few times while the load
+        // shows units, or SMs that look together miss the free bins and adopt chunks they do
+        // not need.
         // INV(UA9): a unit is a free bin on the partial list, ours to take.
         let mut got = 0;
         for _ in 0..TRANSIENT_LOOKS {
