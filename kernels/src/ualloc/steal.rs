@@ -71,6 +71,9 @@ const HOME_TRIES: u32 = 4096;
 /// How often [`UAlloc::take_free_bins`] tries an arena whose semaphore shows free bins.
 const TRANSIENT_LOOKS: u32 = 4;
 
+/// Arenas whose free bins [`UAlloc::take_free_bins`] loads at once.
+const SCAN_BATCH: usize = 8;
+
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// Whether chunks are scarce: refills then go to a class's home first (INV(UA16)).
     #[inline(always)]
@@ -121,7 +124,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             return None;
         }
         let state = self.arenas[h].class(class);
-        let refill = || self.alloc_slow(ai, h, class, k);
+        let refill = || self.alloc_slow(ai, h, class, k, class.slots() - k);
         match state.slots.0.take_shared(
             &state.list.0.home_refill,
             k,
@@ -149,14 +152,39 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// out; `(0, 0)` when no arena has one. The arenas are tried in order from `ai`'s own:
     /// where `take_bins` waits for `want` bins at once, this takes the few that a trim gave
     /// back, or that another thread's adoption left.
+    ///
+    /// The looks go [`SCAN_BATCH`] arenas at a time, their loads issued together: one after
+    /// another, a look at every arena was a chain of 132 round trips to memory, about 52 µs of
+    /// the 75 µs that a home refill of 1 KB took in a fresh 128 MiB heap (H100, timed with the
+    /// global timer), and home refills run one at a time.
     #[cold]
     #[inline(never)]
     pub(crate) fn take_free_bins(&self, ai: usize, kind: BinKind, want: u32) -> (u64, u32) {
-        for arena in self.arenas_from(ai, 0) {
-            let taken = self.take_free_bins_of(arena, kind, want);
-            if taken.1 > 0 {
-                return taken;
+        let n = self.arenas.len();
+        let mut step = 0;
+        while step < n {
+            // A fixed count, and the counts reduced to a mask before anything else uses them,
+            // so that they stay in registers and no use waits for its load before the next
+            // load is issued (with the counts in a local array, each store of one waited for
+            // its load). The last batch wraps round to arenas looked at already.
+            let at = |j: usize| ((ai + step + j) as u32 % n as u32) as usize;
+            let mut free = [0u32; SCAN_BATCH];
+            for (j, f) in free.iter_mut().enumerate() {
+                *f = self.arenas[at(j)].kind(kind).bins.0.available();
             }
+            let mut mask = 0u32;
+            for (j, &f) in free.iter().enumerate() {
+                mask |= ((f > 0) as u32) << j;
+            }
+            while mask != 0 {
+                let j = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let taken = self.take_free_bins_of(&self.arenas[at(j)], kind, want);
+                if taken.1 > 0 {
+                    return taken;
+                }
+            }
+            step += SCAN_BATCH;
         }
         (0, 0)
     }
