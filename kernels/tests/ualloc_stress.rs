@@ -54,8 +54,9 @@ struct HostChunks {
     /// Whether the source says how many chunks it could ever hold (`chunks_at_most`), as a
     /// fixed heap's does: with fewer than four per arena, a small heap (INV(UA16)).
     bounded: AtomicBool,
-    /// A test's hold on the next trip of several chunks: `alloc_chunk_run` takes it, says so in
-    /// `in_run`, and waits for the test's word before it takes its chunks.
+    /// A test's hold on the next trip to a bounded source (`alloc_chunk_run`, or
+    /// `alloc_chunk`): the trip takes it, says so in `in_run`, and waits for the test's word
+    /// before it takes its chunks.
     run_hold: Mutex<Option<mpsc::Receiver<()>>>,
     in_run: AtomicBool,
 }
@@ -110,8 +111,23 @@ impl Drop for HostChunks {
 #[derive(Clone)]
 struct Source(Arc<HostChunks>);
 
+impl Source {
+    /// The test's hold, if it set one and this is the first trip since (bounded sources only).
+    fn hold(&self) {
+        if !self.0.bounded.load(SeqCst) {
+            return;
+        }
+        let hold = self.0.run_hold.lock().unwrap().take();
+        if let Some(hold) = hold {
+            self.0.in_run.store(true, SeqCst);
+            hold.recv().unwrap();
+        }
+    }
+}
+
 impl ChunkSource for Source {
     fn alloc_chunk(&self) -> Option<*mut u8> {
+        self.hold();
         let c = self.0.free.lock().unwrap().pop()?;
         self.0.out.fetch_add(1, SeqCst);
         Some(c as *mut u8)
@@ -139,11 +155,7 @@ impl ChunkSource for Source {
         if !self.0.bounded.load(SeqCst) {
             return None;
         }
-        let hold = self.0.run_hold.lock().unwrap().take();
-        if let Some(hold) = hold {
-            self.0.in_run.store(true, SeqCst);
-            hold.recv().unwrap();
-        }
+        self.hold();
         let n = 1usize << log2;
         let mut free = self.0.free.lock().unwrap();
         let index = |c: usize| (c - self.0.base as usize) / CHUNK_SIZE;
@@ -416,6 +428,124 @@ fn refills_that_come_together_share_a_trip_of_several_chunks() {
             }
         }
         assert_all_returned(&ua, &source);
+    });
+}
+
+/// `refill_batch`: in a fixed heap whose source holds fewer than eight chunks per arena (but
+/// not yet fewer than four), a refill of a large class promises all the slots of the bins it
+/// carves (a 1 KB refill takes a chunk's five bins: 510 slots). Thread A's refill is held on
+/// its way to the source; three more groups of 32 of the same arena come meanwhile and wait
+/// for it. With one bin's promise (102 slots less A's 32) the third of them was not covered,
+/// refilled too and took a chunk of its own (two chunks for 128 blocks, and in a 512 MiB heap
+/// on an H100 six chunks per arena for one chunk's worth of blocks).
+#[test]
+fn refills_of_a_large_class_share_one_chunk_when_chunks_run_short() {
+    with_deadline(|| {
+        // 24 chunks for 4 arenas: six per arena, between the scarce bound (4) and pairs (8).
+        let (arenas, source) = heap(4, 24);
+        source.bounded.store(true, SeqCst);
+        let (release, hold) = mpsc::channel();
+        *source.run_hold.lock().unwrap() = Some(hold);
+        let ua = ualloc(arenas, &source);
+        let shadow = Shadow::default();
+        let class = SizeClass::from_size(1024);
+        let blocks = || {
+            toga_kernels::platform::set_sm_id(0);
+            let mut out = vec![std::ptr::null_mut(); 32];
+            assert!(ua.malloc_bulk(1024, &mut out));
+            out.into_iter().map(|p| p as usize).collect::<Vec<_>>()
+        };
+        let (lists, promise, out_during) = std::thread::scope(|s| {
+            let a = s.spawn(blocks);
+            while !source.in_run.load(SeqCst) {
+                std::thread::yield_now();
+            }
+            let promise = arenas[0].slot_counters(class).1;
+            let others: Vec<_> = (0..3).map(|_| s.spawn(blocks)).collect();
+            // Until all three wait on the slots (R), or one went to the source.
+            while arenas[0].slot_counters(class).2 < 96 && source.outstanding() == 0 {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let out_during = source.outstanding();
+            release.send(()).unwrap();
+            let mut lists = vec![a.join().unwrap()];
+            lists.extend(others.into_iter().map(|t| t.join().unwrap()));
+            (lists, promise, out_during)
+        });
+        assert_eq!(
+            promise,
+            class.refill_bins() * class.slots() - 32,
+            "A's refill promises its five bins' slots but its own"
+        );
+        assert_eq!(
+            out_during, 0,
+            "a group that came meanwhile went to the source"
+        );
+        assert_eq!(source.outstanding(), 1, "one chunk for 128 blocks of 1 KB");
+        ua.assert_valid();
+        for p in lists.into_iter().flatten() {
+            adopt_block(&ua, &shadow, p as *mut u8, 1024, 7);
+            release_block(&ua, &shadow, p as *mut u8, 7);
+        }
+        assert_all_returned(&ua, &source);
+    });
+}
+
+/// `take_free_bins` loads the arenas' free bins eight at a time, the last batch wrapping round:
+/// a refill of a scarce heap finds the one free bin there is, in whichever arena it sits, and
+/// carves it instead of adopting a chunk. 13 arenas, so that the last batch wraps.
+#[test]
+fn scarce_refills_find_a_free_bin_in_any_arena() {
+    use toga_kernels::size_class::BinKind;
+    with_deadline(|| {
+        const SMS: usize = 13;
+        for holder in [0u32, 1, 7, 8, 12] {
+            let (arenas, source) = heap(SMS, 8 * SMS);
+            let ua = ualloc(arenas, &source);
+            let shadow = Shadow::default();
+            // Arena `holder` adopts a chunk of five 4 KB bins and carves one.
+            toga_kernels::platform::set_sm_id(holder);
+            let first = ua.malloc(4096);
+            assert!(!first.is_null());
+            adopt_block(&ua, &shadow, first, 4096, 9);
+            let free_bins = |a: usize| arenas[a].bin_counters(BinKind::Large).0;
+            let before: u32 = (0..SMS).map(free_bins).sum();
+            assert!(before > 0, "the chunk's other bins are free");
+            // Leave the source four chunks per arena short: scarce from here on.
+            let src = Source(source.clone());
+            let mut taken = Vec::new();
+            while src.chunks_left() >= 4 * SMS {
+                taken.push(src.alloc_chunk().unwrap());
+            }
+            let out = source.outstanding();
+            // Every other arena's refill of 4 KB takes a free bin of `holder`'s chunk.
+            let mut live = vec![first];
+            for sm in (0..SMS as u32)
+                .filter(|&sm| sm != holder)
+                .take(before as usize)
+            {
+                toga_kernels::platform::set_sm_id(sm);
+                let p = ua.malloc(4096);
+                assert!(!p.is_null());
+                adopt_block(&ua, &shadow, p, 4096, 9);
+                live.push(p);
+            }
+            assert_eq!(
+                source.outstanding(),
+                out,
+                "holder {holder}: a refill adopted a chunk"
+            );
+            assert_eq!((0..SMS).map(free_bins).sum::<u32>(), 0, "holder {holder}");
+            for p in live {
+                release_block(&ua, &shadow, p, 9);
+            }
+            for c in taken {
+                // SAFETY: taken from this source above, unused.
+                unsafe { src.free_chunk(c) };
+            }
+            assert_all_returned(&ua, &source);
+        }
     });
 }
 

@@ -352,9 +352,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             return self.find_slots_small(miss, ai, class, k);
         }
         let slots = &self.arenas[ai].class(class).slots.0;
-        match slots.wait_after(miss, k, class.slots(), false, || None::<u64>) {
+        let batch = self.refill_batch(class);
+        match slots.wait_after(miss, k, batch, false, || None::<u64>) {
             Ok(Wait::Acquired) => units_at(ai),
-            Ok(Wait::MustRefill) => self.refill(ai, class, k),
+            Ok(Wait::MustRefill) => self.refill(ai, class, k, batch),
             Err(at) => at,
         }
     }
@@ -371,30 +372,27 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             self.serve_at_home(ai, class, k)
         }) {
             Ok(Wait::Acquired) => units_at(ai),
-            Ok(Wait::MustRefill) => self.refill(ai, class, k),
+            Ok(Wait::MustRefill) => self.refill(ai, class, k, class.slots()),
             Err(at) => at,
         }
     }
 
-    /// After `MustRefill` on arena `ai`'s slots of `class`: while chunks are scarce, the
-    /// class's home first (INV(UA16)); then a refill of `ai`'s own ([`units_at`]).
+    /// After `MustRefill` on arena `ai`'s slots of `class`, a wait for `batch` slots (the
+    /// promise is `batch - k`): while chunks are scarce, the class's home first (INV(UA16));
+    /// then a refill of `ai`'s own ([`units_at`]).
     #[cold]
     #[inline(never)]
-    fn refill(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
+    fn refill(&self, ai: usize, class: SizeClass, k: u32, batch: u32) -> u64 {
         if self.scarce() {
             // Our promise stands while we are away: the arena's other waiters wait for us
             // instead of refilling too (one refill per arena at a time, as always).
             if let Some(found) = self.serve_at_home(ai, class, k) {
                 // INV(SEM4): the promise is answered; its waiters look again.
-                self.arenas[ai]
-                    .class(class)
-                    .slots
-                    .0
-                    .retract(class.slots() - k);
+                self.arenas[ai].class(class).slots.0.retract(batch - k);
                 return found;
             }
         }
-        self.alloc_slow(ai, ai, class, k).unwrap_or(0)
+        self.alloc_slow(ai, ai, class, k, batch - k).unwrap_or(0)
     }
 
     /// The only lane of its warp that asks for a small block: a slot of the arena's run of the

@@ -155,14 +155,47 @@ fn return_empty_chunks(arena: &Arena) -> u32 {
 }
 
 impl<S: ChunkSource> UAlloc<'_, S> {
+    /// Slots an arena's refill of `class` promises to the waiters of its slots semaphore (the
+    /// `batch` of their `wait`). One bin's, so that an SM's warps that miss together refill
+    /// side by side, each carving [`SizeClass::refill_bins`] bins. But for a large class (256 B
+    /// – 4 KB, whose refill takes two bins or a whole chunk's five) in a fixed heap below
+    /// `RUN_SHARED_BELOW_CHUNKS_PER_ARENA` chunks per arena, once the source holds fewer than
+    /// [`PAIR_CHUNKS_PER_ARENA`] per arena (and until they are scarce, when a refill carves one
+    /// bin): all the slots of those bins, so one refill per arena and class at a time.
+    /// - With one bin's promise, a refill of 1 KB took a chunk's five bins but covered two of
+    ///   an SM's sixteen warps, and the others each adopted a chunk of their own: 2^16 threads
+    ///   asking 1 KB in a 512 MiB heap held 384 MiB of chunks for their 64 MiB, and 2^18 ran the
+    ///   heap out of chunks and took 23 ms instead of 1.9 (H100).
+    /// - From the quad bound (16 per arena) on, 2^20 threads asking 1 KB in a 2 GiB heap took
+    ///   5% longer, and for the small classes too, 2^18 × 16 B in 512 MiB 8% longer: a small
+    ///   chunk's 124 bins serve many refills, so theirs side by side adopt few chunks.
+    #[inline(always)]
+    pub(crate) fn refill_batch(&self, class: SizeClass) -> u32 {
+        let arenas = self.arenas.len();
+        if class.kind() == BinKind::Large
+            && self.source.chunks_at_most() < arenas * RUN_SHARED_BELOW_CHUNKS_PER_ARENA
+        {
+            let left = self.source.chunks_left();
+            if left < arenas * PAIR_CHUNKS_PER_ARENA && !self.scarce_with(left) {
+                return class.refill_bins() * class.slots();
+            }
+        }
+        class.slots()
+    }
+
     /// The slow path of malloc (`alloc_slow`): after `MustRefill` on the class's slots
     /// semaphore, carve new bins (the first with its first `k` slots taken), list them, and
     /// signal the rest (or retract the promise when out of memory, INV(SEM4)). Returns the
     /// first bin's address.
     ///
+    /// `promised` is what the caller's `wait` promised on `owner`'s slots ([`refill_batch`]
+    /// less the group's `k`), settled here with `signal` or `retract`.
+    ///
+    /// [`refill_batch`]: Self::refill_batch
+    ///
     /// While the source has chunks to spare ([`PLENTY_CHUNKS_PER_ARENA`]) a refill carves
-    /// [`SizeClass::refill_bins`] bins at once, and signals all their slots against the one
-    /// bin its `wait` promised (INV(SEM4): a refill may make more units than it promised). A
+    /// [`SizeClass::refill_bins`] bins at once, and signals all their slots against what its
+    /// `wait` promised (INV(SEM4): a refill may make more or fewer units than it promised). A
     /// fresh heap then pays the two list mutexes once per several bins. Otherwise it carves
     /// one, so that no arena holds bins it does not need when memory is short, except for a
     /// class's home, which every SM takes from then: [`SizeClass::home_refill_bins`].
@@ -178,9 +211,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         owner: usize,
         class: SizeClass,
         k: u32,
+        promised: u32,
     ) -> Option<u64> {
         let slots = &self.arenas[owner].class(class).slots.0;
-        let promised = class.slots() - k;
         let mut retries = 0;
         let kind = class.kind();
         let chunks_left = self.source.chunks_left();
@@ -309,8 +342,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             list.lock.unlock();
         }
         let made = count * class.slots() - k;
-        // INV(UA2): the bins are listed before their units are. INV(SEM4): the promise was
-        // one bin's; `made` may be more.
+        // INV(UA2): the bins are listed before their units are. INV(SEM4): `made` may be more
+        // or less than the promise (a refill that found chunks scarce carves one bin).
         slots.signal(made, promised);
         Some(first)
     }
