@@ -120,12 +120,16 @@ const _: () = assert!(core::mem::size_of::<ArenaTrim>() <= 128);
 // INV(SEM2) for the arena semaphores (layout `PerSm`). C: a class's free slots in one arena
 // are at most the slots of the largest heap with every chunk carved into that class's bins,
 // and a kind's free bins at most its bins. E: a batch is one bin's slots (or one chunk's
-// bins), and every thread of an SM may wait at once (2,048 on sm_70–sm_90).
+// bins), or a refill's promise of at most `MAX_REFILL_BATCH` slots, and every thread of an
+// SM may wait at once (2,048 on sm_70–sm_90).
 const _: () = {
     let chunks = crate::heap::MAX_HEAP_BYTES / crate::ualloc::layout::CHUNK_SIZE as u64;
     let max_c = Fields::<PerSm>::MAX_AVAILABLE as u64;
     let mut i = 0;
     let mut batch = crate::ualloc::layout::SMALL_BINS as u64;
+    if (crate::ualloc::refill::MAX_REFILL_BATCH as u64) > batch {
+        batch = crate::ualloc::refill::MAX_REFILL_BATCH as u64;
+    }
     while i < NUM_CLASSES {
         let slots = SizeClass::ALL[i].slots() as u64;
         let bins = match SizeClass::ALL[i].kind() {

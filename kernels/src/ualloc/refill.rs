@@ -73,6 +73,12 @@ pub(crate) const QUAD_CHUNKS_PER_ARENA: usize = 16;
 /// which such a heap absorbs within the quarter that trips of four chunks may use.
 const RUN_SHARED_BELOW_CHUNKS_PER_ARENA: usize = 64;
 
+/// The most slots a refill of an arena promises ([`UAlloc::refill_batch`]): a 1 KB refill's
+/// five bins. A waiter's conversion of its reservation into a promise adds `batch - n` to E
+/// for a moment, and every thread of an SM may do so at once: 2,048 + 510 + 2,048 × 509 is
+/// below E's 2^20 (INV(SEM2), asserted in `arena.rs`). A 256 B refill's five bins hold 2,040.
+pub(crate) const MAX_REFILL_BATCH: u32 = 510;
+
 /// Steps a trim takes along one bin list before it stops (a list that bins keep rejoining
 /// under it could otherwise be walked forever); far more bins than an arena's class holds.
 const TRIM_SCAN_LIMIT: u32 = 1 << 20;
@@ -161,7 +167,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// – 4 KB, whose refill takes two bins or a whole chunk's five) in a fixed heap below
     /// `RUN_SHARED_BELOW_CHUNKS_PER_ARENA` chunks per arena, once the source holds fewer than
     /// [`PAIR_CHUNKS_PER_ARENA`] per arena (and until they are scarce, when a refill carves one
-    /// bin): all the slots of those bins, so one refill per arena and class at a time.
+    /// bin): all the slots of those bins, at most [`MAX_REFILL_BATCH`], so one refill per
+    /// arena and class at a time.
     /// - With one bin's promise, a refill of 1 KB took a chunk's five bins but covered two of
     ///   an SM's sixteen warps, and the others each adopted a chunk of their own: 2^16 threads
     ///   asking 1 KB in a 512 MiB heap held 384 MiB of chunks for their 64 MiB, and 2^18 ran the
@@ -177,7 +184,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         {
             let left = self.source.chunks_left();
             if left < arenas * PAIR_CHUNKS_PER_ARENA && !self.scarce_with(left) {
-                return class.refill_bins() * class.slots();
+                return (class.refill_bins() * class.slots())
+                    .min(MAX_REFILL_BATCH)
+                    .max(class.slots());
             }
         }
         class.slots()
