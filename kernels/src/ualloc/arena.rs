@@ -73,6 +73,9 @@ pub(crate) struct ChunkList {
     /// While chunks are scarce and this arena is the kind's home, the one adoption of a chunk
     /// of this kind at a time in the heap (INV(UA16), `UAlloc::adopt_chunk`).
     pub(crate) adoption: SingleFlight,
+    /// In the kind's home: 1 when some arena may hold free bins of this kind, 0 after a look
+    /// at every arena found none since (a hint for `UAlloc::take_free_bins`, steal.rs).
+    pub(crate) free_bins_hint: Atomic32,
 }
 
 /// Per bin kind.
@@ -181,6 +184,7 @@ impl Arena {
                     lock: CollectiveMutex::new(),
                     spare: Atomic64::new(0),
                     adoption: SingleFlight::new(),
+                    free_bins_hint: Atomic32::new(0),
                 }),
             }),
             trim: Line(ArenaTrim {

@@ -242,7 +242,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // of a kind at a time (INV(UA16)); the source; other arenas' chunks; and after a trim,
         // all again.
         let mut taken = if scarce {
-            self.take_free_bins(ai, kind, want)
+            self.take_free_bins(ai, kind, want, true)
         } else {
             (0, 0)
         };
@@ -259,7 +259,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             // arena and waits for grace periods. Ours: what a trim gave back, or the chunk of
             // an adoption we joined (`JOINED`), may hold fewer bins than `want`.
             let joined_now = taken.0 == JOINED;
-            taken = self.take_free_bins(ai, kind, want);
+            taken = self.take_free_bins(ai, kind, want, false);
             if taken.1 > 0 {
                 break;
             }
@@ -682,6 +682,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         list.lock.unlock();
         // INV(UA9): listed before its units are.
         ks.bins.0.signal(per - k, promised);
+        if k < per {
+            self.note_free_bins(kind);
+        }
         base as u64
     }
 
@@ -776,6 +779,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         if free_bins < per {
             list.lock.unlock();
             ks.bins.0.release(1);
+            self.note_free_bins(kind);
             return;
         }
         // Every bin is free: take the other bins' units back and give the chunk away. The
@@ -787,6 +791,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             if chunk.n_free.load_relaxed() != per {
                 list.lock.unlock();
                 ks.bins.0.release(1);
+                self.note_free_bins(kind);
                 return;
             }
             if ks.bins.0.try_wait(per - 1) {
