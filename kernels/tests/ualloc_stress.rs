@@ -549,6 +549,56 @@ fn scarce_refills_find_a_free_bin_in_any_arena() {
     });
 }
 
+/// `UAlloc::shares_home`: in a small heap of at least one chunk per two arenas, a small class's
+/// groups refill their own arenas (one bin each, from one shared small chunk), while a large
+/// class's still go to its home. Everything goes back.
+#[test]
+fn small_classes_refill_their_own_arenas_in_a_heap_of_a_chunk_per_two_arenas() {
+    with_deadline(|| {
+        const SMS: usize = 8;
+        let (arenas, source) = heap(SMS, 8);
+        source.bounded.store(true, SeqCst);
+        let ua = ualloc(arenas, &source);
+        let shadow = Shadow::default();
+        for (class, own) in [
+            (SizeClass::from_size(16), true),
+            (SizeClass::from_size(1024), false),
+        ] {
+            let k = class.max_group();
+            let mut live = Vec::new();
+            for sm in [0u32, 5] {
+                toga_kernels::platform::set_sm_id(sm);
+                let mut out = vec![std::ptr::null_mut(); k as usize];
+                assert!(ua.malloc_bulk(class.size(), &mut out));
+                for &p in &out {
+                    adopt_block(&ua, &shadow, p, class.size(), 4);
+                }
+                live.extend(out);
+                assert_eq!(source.outstanding(), 1, "{class:?}: one chunk in all");
+            }
+            let holders: Vec<usize> = (0..SMS)
+                .filter(|&a| arenas[a].slot_counters(class).0 > 0)
+                .collect();
+            if own {
+                assert_eq!(
+                    holders,
+                    [0, 5],
+                    "{class:?}: each SM carved a bin of its own"
+                );
+            } else {
+                assert_eq!(holders.len(), 1, "{class:?}: one arena holds the slots");
+                assert!(!holders.contains(&0), "{class:?}: SM 0 carved for itself");
+            }
+            ua.assert_valid();
+            for p in live {
+                release_block(&ua, &shadow, p, 4);
+            }
+            assert_all_returned(&ua, &source);
+        }
+        toga_kernels::platform::set_sm_id(0);
+    });
+}
+
 /// INV(UA16) in a small heap (a source that could never hold four chunks per arena): a group
 /// whose arena is not its class's home takes its slots at the home. The home's one refill
 /// carves `home_refill_bins` bins from the group's own chunks, for the home; a group of
@@ -559,7 +609,9 @@ fn scarce_refills_find_a_free_bin_in_any_arena() {
 fn small_heap_groups_share_a_home_refill_of_many_bins() {
     with_deadline(|| {
         const SMS: usize = 8;
-        let (arenas, source) = heap(SMS, 8);
+        // Three chunks for eight arenas: fewer than one per two arenas, so the small classes
+        // share their homes too.
+        let (arenas, source) = heap(SMS, 3);
         source.bounded.store(true, SeqCst);
         let ua = ualloc(arenas, &source);
         let shadow = Shadow::default();

@@ -348,7 +348,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // Only a small heap goes to the home first (a big one nearly full waits for its own
         // refill, which goes to the home): in a big heap's fresh fill a look there cost 3-5%
         // (H100, 88eca1d).
-        if self.small_heap() {
+        if self.small_heap() && self.shares_home(class) {
             return self.find_slots_small(miss, ai, class, k);
         }
         let slots = &self.arenas[ai].class(class).slots.0;
@@ -383,7 +383,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[cold]
     #[inline(never)]
     fn refill(&self, ai: usize, class: SizeClass, k: u32, batch: u32) -> u64 {
-        if self.scarce() {
+        if self.scarce() && self.shares_home(class) {
             // Our promise stands while we are away: the arena's other waiters wait for us
             // instead of refilling too (one refill per arena at a time, as always).
             if let Some(found) = self.serve_at_home(ai, class, k) {
