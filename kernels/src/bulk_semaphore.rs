@@ -69,9 +69,10 @@
 //!   promises (at most R + batch, since a promise stands only where it covered uncovered
 //!   reservations, INV(SEM6)) plus conversions being undone, at most one per waiter of
 //!   batch - n each: TBuddy's batch - n is 1, and UAlloc's batches are at most 510 slots
-//!   (a bin's slots, or a refill's promise: 2,048 + 510 + 2,048 × 509 < 2^20). C's bound is the pool's: a TBuddy order holds fewer
-//!   than 2^23 blocks, and an arena's free slots of one class are fewer than the slots of
-//!   the largest heap, < 2^31 (asserted in `ualloc/arena.rs`).
+//!   (a bin's slots, or a refill's promise: 2,048 + 510 + 2,048 × 509 < 2^20). C's bound is
+//!   the pool's: a TBuddy order holds fewer than 2^23 blocks, and an arena's free slots of
+//!   one class are fewer than the slots of the largest heap, < 2^31 (asserted in
+//!   `ualloc/arena.rs`).
 //!   Every field shrinks only by amounts the same thread added, so no add borrows or
 //!   carries between fields.
 //! - SEM3: the C field may read below the real count by the deductions of fast paths and

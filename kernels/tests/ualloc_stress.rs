@@ -326,9 +326,10 @@ fn every_class_alone() {
 }
 
 /// A refill carves `refill_bins` bins at once while the source holds at least four chunks per
-/// arena, and `home_refill_bins` when it holds fewer and the arena is the class's home (the
-/// one arena here is every class's): the class's semaphore holds exactly their slots but the
-/// one taken, and everything goes back. The plentiful heap's refill is a group's (a lone
+/// arena; when it holds fewer, `home_refill_bins` if the arena is the class's home (the one
+/// arena here is every class's) and the class shares its home (`UAlloc::shares_home`: the
+/// large classes; the small ones not, in this unbounded source), else one bin. The class's
+/// semaphore holds exactly their slots but the one taken, and everything goes back. The plentiful heap's refill is a group's (a lone
 /// `malloc` there takes a run's slot, `lone_mallocs_take_a_runs_slots_in_order`); in the
 /// scarce one a lone `malloc` refills too, its class's run parked.
 #[test]
@@ -349,8 +350,10 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
                 adopt_block(&ua, &shadow, p, class.size(), 1);
                 let bins = if plenty {
                     class.refill_bins()
-                } else {
+                } else if class.kind() == toga_kernels::size_class::BinKind::Large {
                     class.home_refill_bins()
+                } else {
+                    1
                 };
                 let (free, _, _) = arenas[0].slot_counters(class);
                 assert_eq!(free, bins * class.slots() - 1, "{class:?}, {chunks} chunks");

@@ -228,10 +228,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let chunks_left = self.source.chunks_left();
         let scarce = self.scarce_with(chunks_left);
         // While chunks are scarce, one bin for an arena of its own, and a crowd's worth for a
-        // class's home, which every SM takes from (INV(UA16)).
+        // class's home, which every SM takes from (INV(UA16)) if the class shares it.
         let want = if !scarce {
             class.refill_bins()
-        } else if owner == self.home(class.index()) {
+        } else if owner == self.home(class.index()) && self.shares_home(class) {
             class.home_refill_bins()
         } else {
             1
