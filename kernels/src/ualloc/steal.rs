@@ -93,9 +93,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// 132 arenas), and for the small ones (4 KB bins) only in a heap of fewer chunks than
     /// half the arenas (below about 33 MiB on an H100). Above that, a small class's partly used
     /// bins in every arena hold at most 132 × 4 × 4 KB, about 2 MiB (3% of 64 MiB), and each
-    /// SM serves its own: in a 64 MiB heap a warm launch of 1,024 × 16 B took 27.4 µs at the
-    /// home and 20.6 µs on its own arenas, 2^16 × 16 B in 128 MiB 0.77 ms and 0.36, while the
-    /// mixed 16 B – 4 KB fill of 64 MiB served 93.9% instead of 97.7% (H100).
+    /// SM serves its own: in a 64 MiB heap a warm launch of 1,024 × 16 B took 26.7 µs at the
+    /// home and 20.0 µs on its own arenas, 2^16 × 16 B in 128 MiB 0.77 ms and 0.37, while the
+    /// mixed 16 B – 4 KB fill of 64 MiB served 94.7% instead of 97.7% (H100).
     #[inline(always)]
     pub(crate) fn shares_home(&self, class: SizeClass) -> bool {
         class.kind() == BinKind::Large || self.source.chunks_at_most() < self.arenas.len() / 2
