@@ -552,6 +552,30 @@ fn scarce_refills_find_a_free_bin_in_any_arena() {
     });
 }
 
+/// A full group of `class` on SM `sm` through `malloc_bulk`, each block adopted by the shadow.
+fn group_on(
+    ua: &UAlloc<'static, Source>,
+    shadow: &Shadow,
+    class: SizeClass,
+    sm: u32,
+    tag: u64,
+) -> Vec<*mut u8> {
+    toga_kernels::platform::set_sm_id(sm);
+    let mut out = vec![std::ptr::null_mut(); class.max_group() as usize];
+    assert!(ua.malloc_bulk(class.size(), &mut out));
+    for &p in &out {
+        adopt_block(ua, shadow, p, class.size(), tag);
+    }
+    out
+}
+
+/// The arenas that hold free slots of `class`.
+fn slot_holders(arenas: &[Arena], class: SizeClass) -> Vec<usize> {
+    (0..arenas.len())
+        .filter(|&a| arenas[a].slot_counters(class).0 > 0)
+        .collect()
+}
+
 /// `UAlloc::shares_home`: in a small heap of at least one chunk per two arenas, a small class's
 /// groups refill their own arenas (one bin each, from one shared small chunk), while a large
 /// class's still go to its home. Everything goes back.
@@ -567,21 +591,12 @@ fn small_classes_refill_their_own_arenas_in_a_heap_of_a_chunk_per_two_arenas() {
             (SizeClass::from_size(16), true),
             (SizeClass::from_size(1024), false),
         ] {
-            let k = class.max_group();
             let mut live = Vec::new();
             for sm in [0u32, 5] {
-                toga_kernels::platform::set_sm_id(sm);
-                let mut out = vec![std::ptr::null_mut(); k as usize];
-                assert!(ua.malloc_bulk(class.size(), &mut out));
-                for &p in &out {
-                    adopt_block(&ua, &shadow, p, class.size(), 4);
-                }
-                live.extend(out);
+                live.extend(group_on(&ua, &shadow, class, sm, 4));
                 assert_eq!(source.outstanding(), 1, "{class:?}: one chunk in all");
             }
-            let holders: Vec<usize> = (0..SMS)
-                .filter(|&a| arenas[a].slot_counters(class).0 > 0)
-                .collect();
+            let holders = slot_holders(arenas, class);
             if own {
                 assert_eq!(
                     holders,
@@ -623,13 +638,7 @@ fn small_heap_groups_share_a_home_refill_of_many_bins() {
             let made = class.home_refill_bins() * class.slots();
             let mut live = Vec::new();
             for (step, sm) in [0u32, 5].into_iter().enumerate() {
-                toga_kernels::platform::set_sm_id(sm);
-                let mut out = vec![std::ptr::null_mut(); k as usize];
-                assert!(ua.malloc_bulk(class.size(), &mut out));
-                for &p in &out {
-                    adopt_block(&ua, &shadow, p, class.size(), 3);
-                }
-                live.extend(out);
+                live.extend(group_on(&ua, &shadow, class, sm, 3));
                 let at_home: u32 = (0..SMS).map(|a| arenas[a].slot_counters(class).0).sum();
                 assert_eq!(
                     at_home,
@@ -638,9 +647,7 @@ fn small_heap_groups_share_a_home_refill_of_many_bins() {
                 );
                 assert_eq!(source.outstanding(), 1, "{class:?}: one chunk in all");
             }
-            let holders: Vec<usize> = (0..SMS)
-                .filter(|&a| arenas[a].slot_counters(class).0 > 0)
-                .collect();
+            let holders = slot_holders(arenas, class);
             assert_eq!(holders.len(), 1, "{class:?}: one arena holds the slots");
             assert_ne!(
                 holders[0], 0,
