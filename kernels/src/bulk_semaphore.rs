@@ -340,6 +340,15 @@ impl<L: Layout> BulkSemaphore<L> {
         }
     }
 
+    /// End a [`Miss`] of `wait_fast(n)` without waiting: its deduction of `n` goes back to C
+    /// (INV(SEM3)), with one add nobody waits for. For a caller that takes its units' worth
+    /// elsewhere (UAlloc's runs of slots).
+    #[inline(always)]
+    pub fn cancel(&self, miss: Miss, n: u32) {
+        let _ = miss;
+        self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
+    }
+
     /// The slow path of `wait`: reserve, then take or refill (module doc).
     #[cold]
     fn wait_slow(&self, n: u32, batch: u32) -> Wait {

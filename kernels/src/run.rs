@@ -1,26 +1,30 @@
-//! A run: a few items that one stock set aside side by side, handed out one at a time to lone
-//! lanes with one atomic add on a single word.
+//! A run: items that one stock set aside side by side, handed out with one atomic add on a
+//! single word: one item to a lone lane, or several to a warp's group of lanes at once.
 //!
-//! Two kinds of runs use it: eight large blocks that one split of the buddy tree took
-//! (`tbuddy::run`), and the slots of one bin carved full for an SM's lone lanes of a size
-//! class (`ualloc::run`). A lone lane's own way to an item is a chain of dependent atomics
-//! and fences (a climb of the tree; a semaphore, a read section and a claim for a slot). From
-//! a run it costs one add, and the chain is paid once per run by the lane that stocks it.
+//! Two kinds of runs use it: sixteen large blocks that one split of the buddy tree took
+//! (`tbuddy::run`), and the slots of bins carved full for an SM's lanes of a size class
+//! (`ualloc::run`). A lane's own way to an item is a chain of dependent atomics and fences (a
+//! climb of the tree; a semaphore, a read section and a claim for a slot). From a run it costs
+//! one add, and the chain is paid once per run by the lane that stocks it.
 //!
 //! ```text
-//!  word: │ base + 1 (40 bits; 0: no run) │ items handed out (24 bits) │
-//!  take: fetch_add(1) → (run, i):  i < items               → item i of the run is ours;
-//!        i == items, or no run and i == 0 or RECHECK       → we stock the next run;
-//!        otherwise                                          → elsewhere (another lane stocks,
-//!                                                             or memory is short: parked).
+//!  word: │ base + 1 (40 bits; 0: no run) │ P │ items counted (23 bits) │   P: parked
+//!  take k: fetch_add(k) → (run, t):
+//!        t < items                                  → items t..min(t + k, items) are ours, and
+//!                                                     if t + k > items we stock the next run;
+//!        t ≤ at < t + k, where at is items (a run), 0 (no run) or RECHECK (parked)
+//!                                                   → we stock the next run;
+//!        otherwise                                  → busy (another lane stocks; the word
+//!                                                     changes when it is done) or parked
+//!                                                     (memory is short: take them elsewhere).
 //!  stock / flush: swap in the new run (or a parked word, or none); the run swapped out has
-//!        handed out exactly min(i, items) items, and the swapper gives back the rest.
+//!        handed out exactly min(t, items) items, and the swapper gives back the rest.
 //! ```
 //!
-//! A stocker that finds no memory for a run parks the word (no run, count 1): the lanes that
-//! come next go elsewhere at the cost of their add, and the [`RECHECK`]-th of them looks for
-//! memory again. Without parking, each of them would try to stock in turn (a heap with little
-//! memory left would pay a look and a swap per request).
+//! A stocker that finds no memory for a run parks the word: the lanes that come next go
+//! elsewhere at the cost of their add, and the add that reaches [`RECHECK`] looks for memory
+//! again. Without parking, each of them would try to stock in turn (a heap with little memory
+//! left would pay a look and a swap per request).
 //!
 //! Invariants (`docs/invariants.md`):
 //! - TB14: every item of a run is handed out once, or given back once by the thread whose
@@ -28,22 +32,28 @@
 
 use crate::platform::Atomic64;
 
-/// Bits of the count of items handed out.
+/// Where the base sits: above the count and the parked flag.
 const TAKEN_BITS: u32 = 24;
-const TAKEN_MASK: u64 = (1 << TAKEN_BITS) - 1;
+/// The count of items handed out (taken by adds).
+const COUNT_MASK: u64 = (1 << (TAKEN_BITS - 1)) - 1;
+/// The parked flag: no run, and memory was short when one was last looked for.
+const PARKED: u64 = 1 << (TAKEN_BITS - 1);
 /// The largest base a word can name.
 pub const MAX_BASE: u64 = (1 << (64 - TAKEN_BITS)) - 2;
-/// The adds on a parked word after which one lane looks for memory again.
+/// The count on a parked word at which one lane looks for memory again.
 pub const RECHECK: u64 = 256;
-/// A parked word: no run, one add counted (so that its adds never read 0 and stock at once).
-const PARKED: u64 = 1;
 /// Counts at or above this give their add back: while a stocker is slow, lanes that come
-/// back again and again cannot carry the count into the base.
-const CEILING: u64 = 1 << (TAKEN_BITS - 1);
+/// back again and again cannot carry the count into the flag. Adds in flight on one word
+/// are at most the lanes that may use it (an SM's 2,048 threads, up to [`MAX_TAKE`] each for
+/// ualloc's and tbuddy's per-SM runs), far below the room left above the ceiling.
+const CEILING: u64 = 1 << (TAKEN_BITS - 3);
 
 /// The most items a run may hold (far below the ceiling).
 pub const MAX_ITEMS: u32 = 1 << 16;
+/// The most items one add may take (a warp).
+pub const MAX_TAKE: u32 = 32;
 const _: () = assert!((MAX_ITEMS as u64) < CEILING && RECHECK < CEILING);
+const _: () = assert!(CEILING + 2048 * MAX_TAKE as u64 <= COUNT_MASK);
 
 /// What [`Run::take`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +65,27 @@ pub enum Take {
     Stock,
     /// Another lane stocks the run, or memory is short: take the item elsewhere.
     Elsewhere,
+}
+
+/// What [`Run::take_many`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Takes {
+    /// Items `first..first + n` of the run at `base` are ours (`1 <= n <= k`). `stock`: our
+    /// add used the run up, so this lane stocks the next run (and takes its other `k - n`
+    /// items from it).
+    Items {
+        base: u64,
+        first: u32,
+        n: u32,
+        stock: bool,
+    },
+    /// Nothing from this run, and this lane stocks the next one ([`Run::stock`]).
+    Stock,
+    /// Another lane stocks the next run: the word's upper bits change when it is done
+    /// ([`Run::wait_for_stock`] with this value).
+    Busy(u64),
+    /// Memory is short (the word is parked): take the items elsewhere.
+    Parked,
 }
 
 /// Items of a run that a swap took out of its word and that nobody was handed (INV(TB14)):
@@ -79,51 +110,88 @@ impl Run {
     /// Take the next of a run of `items` (at most [`MAX_ITEMS`]): one add.
     #[inline(always)]
     pub fn take(&self, items: u32) -> Take {
-        debug_assert!((1..=MAX_ITEMS).contains(&items));
-        // Acquire: pairs with the swap that installed the run (what its stocker wrote about
-        // the items, before we use ours).
-        let word = self.0.fetch_add_acquire(1);
-        let (base, taken) = (word >> TAKEN_BITS, word & TAKEN_MASK);
-        if base != 0 && taken < items as u64 {
-            return Take::Item {
-                base: base - 1,
-                index: taken as u32,
-            };
-        }
-        let stock_at = if base != 0 {
-            // The add that used the run up.
-            items as u64
-        } else if taken == 0 {
-            // The first add on an empty word.
-            0
-        } else {
-            // A parked word, time to look again.
-            RECHECK
-        };
-        if taken == stock_at {
-            Take::Stock
-        } else {
-            if taken >= CEILING {
-                self.0.fetch_sub_relaxed(1);
-            }
-            Take::Elsewhere
+        match self.take_many(1, items) {
+            Takes::Items { base, first, .. } => Take::Item { base, index: first },
+            Takes::Stock => Take::Stock,
+            Takes::Busy(_) | Takes::Parked => Take::Elsewhere,
         }
     }
 
-    /// Install the run at `base` (at most [`MAX_BASE`]), whose item 0 the stocker keeps;
-    /// `None`: park the word (no memory for a run). Returns the items of the run this swap
-    /// took out that nobody was handed.
-    pub fn stock(&self, base: Option<u64>, items: u32) -> Option<Leftover> {
+    /// Take the next `k` (`1..=MAX_TAKE`) of a run of `items` (at most [`MAX_ITEMS`]): one
+    /// add. Every taker of a word must pass the same `items`.
+    #[inline(always)]
+    pub fn take_many(&self, k: u32, items: u32) -> Takes {
+        debug_assert!((1..=MAX_ITEMS).contains(&items) && (1..=MAX_TAKE).contains(&k));
+        let (k, items) = (k as u64, items as u64);
+        // Acquire: pairs with the swap that installed the run (what its stocker wrote about
+        // the items, before we use ours).
+        let word = self.0.fetch_add_acquire(k);
+        let (base, taken) = (word >> TAKEN_BITS, word & COUNT_MASK);
+        if base != 0 && taken < items {
+            return Takes::Items {
+                base: base - 1,
+                first: taken as u32,
+                n: (items - taken).min(k) as u32,
+                stock: taken + k > items,
+            };
+        }
+        let parked = word & PARKED != 0;
+        let stock_at = if base != 0 {
+            // The add that reaches the end of the run (one ending exactly at it took items).
+            items
+        } else if parked {
+            // A parked word, time to look again.
+            RECHECK
+        } else {
+            // The first add on an empty word.
+            0
+        };
+        if taken <= stock_at && stock_at < taken + k {
+            return Takes::Stock;
+        }
+        if taken >= CEILING {
+            self.0.fetch_sub_relaxed(k);
+        }
+        if parked {
+            Takes::Parked
+        } else {
+            Takes::Busy(word & !COUNT_MASK)
+        }
+    }
+
+    /// Wait until the word no longer holds the run (or the empty word) that
+    /// [`Takes::Busy`] reported as `seen`: its stocker has installed the next one, or parked
+    /// the word. Plain loads with back-off; a hint only (the next `take_many` decides).
+    pub fn wait_for_stock(&self, seen: u64) {
+        let mut backoff = crate::platform::Backoff::new();
+        while self.0.load_relaxed() & !COUNT_MASK == seen {
+            backoff.snooze();
+        }
+    }
+
+    /// Install the run at `base` (at most [`MAX_BASE`]) of `items` items, whose items
+    /// `0..kept` the stocker keeps (`1 <= kept <= items`); `None`: park the word (no memory
+    /// for a run). Returns the items of the run this swap took out that nobody was handed.
+    pub fn stock(&self, base: Option<u64>, kept: u32, items: u32) -> Option<Leftover> {
         let word = match base {
             Some(base) => {
-                debug_assert!(base <= MAX_BASE);
-                (base + 1) << TAKEN_BITS | 1
+                debug_assert!(base <= MAX_BASE && (1..=items).contains(&kept));
+                (base + 1) << TAKEN_BITS | kept as u64
             }
-            None => PARKED,
+            // One add counted, so that the RECHECK-th add looks again.
+            None => PARKED | 1,
         };
         // Release: what the stocker wrote about the run's items comes before a taker sees
         // it. Acquire: the run we displace was set aside before we give its items back.
         Self::leftover(self.0.swap_acq_rel(word), items)
+    }
+
+    /// Empty the word (no run, not parked): the next add stocks. Returns the items of the
+    /// run this swap took out that nobody was handed. For a stocker whose memory was not fit
+    /// for a run but may be again soon.
+    pub fn clear(&self, items: u32) -> Option<Leftover> {
+        // Acq_rel: as in `stock`.
+        Self::leftover(self.0.swap_acq_rel(0), items)
     }
 
     /// Take the run out of its word (a trim): the items nobody was handed, to give back. A
@@ -133,12 +201,11 @@ impl Run {
         if self.0.load_relaxed() == 0 {
             return None;
         }
-        // Acq_rel: as in `stock`.
-        Self::leftover(self.0.swap_acq_rel(0), items)
+        self.clear(items)
     }
 
     fn leftover(word: u64, items: u32) -> Option<Leftover> {
-        let (base, taken) = (word >> TAKEN_BITS, word & TAKEN_MASK);
+        let (base, taken) = (word >> TAKEN_BITS, word & COUNT_MASK);
         if base == 0 || taken >= items as u64 {
             return None;
         }
@@ -168,7 +235,7 @@ mod tests {
         assert_eq!(run.take(ITEMS), Take::Stock);
         assert_eq!(run.take(ITEMS), Take::Elsewhere);
         // The stocker installs run 5 and keeps its item 0; the late add above is forgotten.
-        assert_eq!(run.stock(Some(5), ITEMS), None);
+        assert_eq!(run.stock(Some(5), 1, ITEMS), None);
         for i in 1..ITEMS {
             assert_eq!(run.take(ITEMS), Take::Item { base: 5, index: i });
         }
@@ -180,7 +247,7 @@ mod tests {
     fn a_swap_gives_back_exactly_the_items_nobody_took() {
         let run = Run::new();
         assert_eq!(run.take(ITEMS), Take::Stock);
-        run.stock(Some(0), ITEMS);
+        run.stock(Some(0), 1, ITEMS);
         assert_eq!(run.take(ITEMS), Take::Item { base: 0, index: 1 });
         assert_eq!(run.take(ITEMS), Take::Item { base: 0, index: 2 });
         // A second stocker (after a flush raced a stock) displaces the run: items 3.. back.
@@ -189,7 +256,7 @@ mod tests {
             first: 3,
             count: ITEMS - 3,
         };
-        assert_eq!(run.stock(Some(MAX_BASE), ITEMS), Some(back));
+        assert_eq!(run.stock(Some(MAX_BASE), 1, ITEMS), Some(back));
         let back = Leftover {
             base: MAX_BASE,
             first: 1,
@@ -198,7 +265,7 @@ mod tests {
         assert_eq!(run.flush(ITEMS), Some(back));
         assert_eq!(run.flush(ITEMS), None);
         // A used-up run has nothing to give back.
-        run.stock(Some(7), ITEMS);
+        run.stock(Some(7), 1, ITEMS);
         for _ in 1..ITEMS + 3 {
             run.take(ITEMS);
         }
@@ -210,25 +277,25 @@ mod tests {
         let run = Run::new();
         assert_eq!(run.take(ITEMS), Take::Stock);
         // No memory: parked. The next adds go elsewhere until the RECHECK-th.
-        assert_eq!(run.stock(None, ITEMS), None);
+        assert_eq!(run.stock(None, 1, ITEMS), None);
         for _ in 1..RECHECK {
             assert_eq!(run.take(ITEMS), Take::Elsewhere);
         }
         assert_eq!(run.take(ITEMS), Take::Stock);
         assert_eq!(run.take(ITEMS), Take::Elsewhere);
-        assert_eq!(run.stock(None, ITEMS), None);
+        assert_eq!(run.stock(None, 1, ITEMS), None);
         assert_eq!(run.take(ITEMS), Take::Elsewhere);
         // A trim empties a parked word, which gives nothing back: the next add looks at once.
         assert_eq!(run.flush(ITEMS), None);
         assert_eq!(run.take(ITEMS), Take::Stock);
-        assert_eq!(run.stock(Some(2), ITEMS), None);
+        assert_eq!(run.stock(Some(2), 1, ITEMS), None);
         assert_eq!(run.take(ITEMS), Take::Item { base: 2, index: 1 });
     }
 
     #[test]
     fn counts_stop_below_the_base_while_a_stocker_is_slow() {
         let run = Run::new();
-        run.stock(Some(MAX_BASE), ITEMS);
+        run.stock(Some(MAX_BASE), 1, ITEMS);
         // Far more adds than items, as if the stocker never came back: the count stays
         // under the ceiling (plus the adds in flight), the base intact.
         run.0
@@ -238,7 +305,75 @@ mod tests {
         }
         let word = run.0.load_relaxed();
         assert_eq!(word >> TAKEN_BITS, MAX_BASE + 1);
-        assert!(word & TAKEN_MASK <= CEILING, "{:#x}", word & TAKEN_MASK);
+        assert!(word & COUNT_MASK <= CEILING, "{:#x}", word & COUNT_MASK);
+        assert_eq!(word & PARKED, 0);
         assert_eq!(run.flush(ITEMS), None);
+    }
+
+    #[test]
+    fn a_group_takes_its_items_with_one_add_and_the_crosser_stocks() {
+        let run = Run::new();
+        // The first add on an empty word stocks, whatever its size; the stocker keeps 3.
+        assert_eq!(run.take_many(3, ITEMS), Takes::Stock);
+        assert!(matches!(run.take_many(2, ITEMS), Takes::Busy(_)));
+        assert_eq!(run.stock(Some(9), 3, ITEMS), None);
+        let items = |first, n, stock| Takes::Items {
+            base: 9,
+            first,
+            n,
+            stock,
+        };
+        assert_eq!(run.take_many(2, ITEMS), items(3, 2, false));
+        // Items 5..8 are the group's three of four; its add used the run up: it stocks.
+        assert_eq!(run.take_many(4, ITEMS), items(5, 3, true));
+        let Takes::Busy(seen) = run.take_many(1, ITEMS) else {
+            panic!("a used-up run is busy until the crosser stocks");
+        };
+        // The crosser keeps its fourth item from the next run (item 0).
+        assert_eq!(run.stock(Some(11), 1, ITEMS), None);
+        assert_ne!(run.0.load_relaxed() & !COUNT_MASK, seen);
+        run.wait_for_stock(seen);
+        assert_eq!(
+            run.take_many(7, ITEMS),
+            Takes::Items {
+                base: 11,
+                first: 1,
+                n: 7,
+                stock: false
+            }
+        );
+        // An add that ends exactly at the end took items and does not stock; the next does.
+        assert_eq!(run.take_many(1, ITEMS), Takes::Stock);
+        // A parked word: adds go elsewhere until one reaches RECHECK.
+        assert_eq!(run.stock(None, 1, ITEMS), None);
+        let mut count = 0;
+        loop {
+            match run.take_many(5, ITEMS) {
+                Takes::Parked => count += 5,
+                Takes::Stock => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(count <= RECHECK && RECHECK < count + 5, "{count}");
+        // A clear leaves an empty word: its first add stocks at once.
+        assert_eq!(run.clear(ITEMS), None);
+        assert_eq!(run.take_many(2, ITEMS), Takes::Stock);
+    }
+
+    #[test]
+    fn a_swap_counts_a_groups_items_as_handed_out() {
+        let run = Run::new();
+        assert_eq!(run.take_many(4, ITEMS), Takes::Stock);
+        run.stock(Some(1), 4, ITEMS);
+        assert!(matches!(
+            run.take_many(2, ITEMS),
+            Takes::Items { first: 4, n: 2, .. }
+        ));
+        let back = Leftover {
+            base: 1,
+            first: 6,
+            count: ITEMS - 6,
+        };
+        assert_eq!(run.flush(ITEMS), Some(back));
     }
 }

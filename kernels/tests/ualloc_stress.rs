@@ -20,7 +20,7 @@ use toga_kernels::ualloc::layout::{
     LARGE_BINS, LARGE_DATA_OFFSET, SMALL_BINS, SMALL_RESERVED_PAGES,
 };
 use toga_kernels::ualloc::{
-    Arena, CHUNK_SIZE, ChunkSource, FreeOutcome, PAGE_SIZE, TrimGate, UAlloc,
+    Arena, CHUNK_SIZE, ChunkSource, FreeOutcome, PAGE_SIZE, TrimGate, UAlloc, run_items,
 };
 
 /// Byte written over chunk memory before UAlloc gets it and after it gives it back, so that
@@ -329,9 +329,10 @@ fn every_class_alone() {
 /// arena; when it holds fewer, `home_refill_bins` if the arena is the class's home (the one
 /// arena here is every class's) and the class shares its home (`UAlloc::shares_home`: the
 /// large classes; the small ones not, in this unbounded source), else one bin. The class's
-/// semaphore holds exactly their slots but the one taken, and everything goes back. The plentiful heap's refill is a group's (a lone
-/// `malloc` there takes a run's slot, `lone_mallocs_take_a_runs_slots_in_order`); in the
-/// scarce one a lone `malloc` refills too, its class's run parked.
+/// semaphore holds exactly their slots but the one taken, and everything goes back. The plentiful heap's refill is a group's of a large class (a lone
+/// `malloc` there takes a run's slot, `lone_mallocs_take_a_runs_slots_in_order`, and so does
+/// a group of a small class, `groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty`);
+/// in the scarce one a lone `malloc` refills too, its class's run parked.
 #[test]
 fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
     with_deadline(|| {
@@ -340,6 +341,10 @@ fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
             let ua = ualloc(arenas, &source);
             let shadow = Shadow::default();
             for class in SizeClass::ALL {
+                let small = class.kind() == toga_kernels::size_class::BinKind::Small;
+                if plenty && small {
+                    continue;
+                }
                 let mut p = [std::ptr::null_mut()];
                 if plenty {
                     assert!(ua.malloc_bulk(class.size(), &mut p));
@@ -663,11 +668,85 @@ fn small_heap_groups_share_a_home_refill_of_many_bins() {
     });
 }
 
+/// While chunks are plentiful, a group of a small class whose arena's semaphore holds no unit
+/// for it takes its slots from the arena's run with one add (`ualloc::run`): groups in a row
+/// get neighbouring items, and the group whose add crosses the end of the run takes the rest
+/// from the next run, which it stocks; the semaphore stays empty. Once frees give the
+/// semaphore units, a group takes those instead (a warm heap's slots stay in use), and
+/// everything goes back.
+#[test]
+fn groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty() {
+    with_deadline(|| {
+        let (arenas, source) = heap(1, 8);
+        let ua = ualloc(arenas, &source);
+        let shadow = Shadow::default();
+        for class in SizeClass::ALL
+            .into_iter()
+            .filter(|c| c.kind() == BinKind::Small)
+        {
+            let size = class.size();
+            let items = run_items(class) as usize;
+            let slots = class.slots() as usize;
+            // Groups of 24 do not divide a run (a power of two): one crosses its end.
+            let k = 24;
+            let mut groups: Vec<Vec<*mut u8>> = Vec::new();
+            while groups.len() * k < items + k {
+                let mut out = vec![std::ptr::null_mut(); k];
+                assert!(ua.malloc_bulk(size, &mut out), "{class:?}");
+                for &p in &out {
+                    adopt_block(&ua, &shadow, p, size, 1);
+                }
+                groups.push(out);
+            }
+            assert_eq!(arenas[0].slot_counters(class).0, 0, "{class:?}: no unit");
+            let first = groups[0][0] as usize;
+            for (i, &p) in groups.iter().flatten().enumerate().take(items) {
+                if i % slots < class.main_slots() as usize {
+                    let at = first + (i / slots) * PAGE_SIZE + i % slots * size;
+                    assert_eq!(p as usize, at, "{class:?} item {i}");
+                }
+            }
+            let crossing = items / k;
+            let n = items - crossing * k;
+            let next = groups[crossing][n] as usize;
+            let end = first + (items - 1) / slots * PAGE_SIZE + slots * size;
+            assert!(next < first || next >= end, "{class:?}: a new run");
+            for (r, &p) in groups[crossing].iter().enumerate().skip(n) {
+                assert_eq!(p as usize, next + (r - n) * size, "{class:?} lane {r}");
+            }
+            assert_eq!(groups[crossing + 1][0] as usize, next + (k - n) * size);
+            ua.assert_valid();
+            // Frees give the semaphore units: the next group takes those.
+            let freed: BTreeSet<usize> = groups[0].iter().map(|&p| p as usize).collect();
+            for &p in &groups[0] {
+                release_block(&ua, &shadow, p, 1);
+            }
+            assert_eq!(arenas[0].slot_counters(class).0, k as u32, "{class:?}");
+            let mut out = vec![std::ptr::null_mut(); k];
+            assert!(ua.malloc_bulk(size, &mut out));
+            let again: BTreeSet<usize> = out.iter().map(|&p| p as usize).collect();
+            assert_eq!(again, freed, "{class:?}: the freed slots serve first");
+            groups[0] = out;
+            for &p in &groups[0] {
+                adopt_block(&ua, &shadow, p, size, 2);
+            }
+            ua.assert_valid();
+            for (g, group) in groups.iter().enumerate() {
+                for &p in group {
+                    release_block(&ua, &shadow, p, if g == 0 { 2 } else { 1 });
+                }
+            }
+            assert_all_returned(&ua, &source);
+        }
+    });
+}
+
 /// While chunks are plentiful, a lone `malloc` takes the next slot of its arena's run of the
-/// class (`ualloc::run`): one bin carved full, so the class's semaphore holds no unit for it.
-/// The malloc that finds the run used up carves the next bin. A trim gives back the slots
-/// nobody took (INV(UA18)): they are listed, with their units, and serve the usual way; and
-/// when every block is freed, every chunk goes back.
+/// class (`ualloc::run`): bins carved full side by side (a small class's `run_bins`, a large
+/// class's one), so the class's semaphore holds no unit for them. The malloc that finds the
+/// run used up carves the next. A trim gives back the slots nobody took (INV(UA18)): they are
+/// listed, with their units, and serve the usual way; and when every block is freed, every
+/// chunk goes back.
 #[test]
 fn lone_mallocs_take_a_runs_slots_in_order() {
     with_deadline(|| {
@@ -676,39 +755,34 @@ fn lone_mallocs_take_a_runs_slots_in_order() {
         let shadow = Shadow::default();
         for class in SizeClass::ALL {
             let size = class.size();
+            let items = run_items(class) as usize;
             let first = ua.malloc(size);
             adopt_block(&ua, &shadow, first, size, 1);
             let mut blocks = vec![first];
-            // The run's bin, slot by slot (every main slot is `size` past the one before).
-            for i in 1..class.main_slots() as usize {
+            // The run's bins, slot by slot: item i is slot i % slots of the bin i / slots
+            // pages after the first (every main slot is `size` past the one before).
+            let slots = class.slots() as usize;
+            for i in 1..items {
                 let p = ua.malloc(size);
-                assert_eq!(p as usize, first as usize + i * size, "{class:?} slot {i}");
+                if i % slots < class.main_slots() as usize {
+                    let at = first as usize + (i / slots) * PAGE_SIZE + i % slots * size;
+                    assert_eq!(p as usize, at, "{class:?} item {i}");
+                }
                 adopt_block(&ua, &shadow, p, size, 1);
                 blocks.push(p);
             }
-            for _ in class.main_slots()..class.slots() {
-                let p = ua.malloc(size);
-                adopt_block(&ua, &shadow, p, size, 1);
-                blocks.push(p);
-            }
-            assert_eq!(
-                arenas[0].slot_counters(class).0,
-                0,
-                "{class:?}: no listed slot"
-            );
+            let end = first as usize + (items - 1) / slots * PAGE_SIZE + slots * size;
             // Used up: the next malloc carves another bin for the run, elsewhere.
             let next = ua.malloc(size);
             adopt_block(&ua, &shadow, next, size, 1);
-            assert!(
-                next < first || next as usize >= first as usize + class.slots() as usize * size,
-                "{class:?}: a new bin"
-            );
+            assert!(next < first || next as usize >= end, "{class:?}: a new run");
             let second = ua.malloc(size);
             assert_eq!(second as usize, next as usize + size);
             adopt_block(&ua, &shadow, second, size, 1);
             blocks.extend([next, second]);
             ua.assert_valid();
-            // The trim frees the new run's other slots: they are listed, with their units.
+            // The trim frees the new run's other slots: those of its first bin, which holds our
+            // two blocks, are listed with their units; its other bins, empty, go back.
             assert!(ua.trim() > 0);
             ua.assert_valid();
             assert_eq!(

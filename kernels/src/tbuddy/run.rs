@@ -83,7 +83,7 @@ impl BlockRun {
     pub fn stock(&self, first: Option<u64>, block_shift: u32) -> Option<Leftover> {
         let left = self
             .0
-            .stock(first.map(|offset| offset >> PAGE_SHIFT), RUN_BLOCKS);
+            .stock(first.map(|offset| offset >> PAGE_SHIFT), 1, RUN_BLOCKS);
         left.map(|l| Self::blocks(l, block_shift))
     }
 

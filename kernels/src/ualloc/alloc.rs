@@ -11,8 +11,9 @@ use crate::ualloc::arena::{Arena, BinList, bin_at};
 use crate::ualloc::bin::{BinHeader, Claim};
 use crate::ualloc::chunk::chunk_base;
 use crate::ualloc::layout::{
-    BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
+    BIN_HEADER_SIZE, PAGE_SHIFT, PAGE_SIZE, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
 };
+use crate::ualloc::run::{run_items, run_pos_slot};
 use crate::ualloc::{CLASS_GROUP_TAG, ChunkSource, SCAN_LIMIT, UAlloc};
 
 /// The address of slot `slot` of the bin whose header is at `bin`.
@@ -40,6 +41,11 @@ pub(crate) fn slot_ptr(bin: u64, class: SizeClass, slot: u32) -> *mut u8 {
 pub(crate) fn units_at(arena: usize) -> u64 {
     (arena as u64) << 1 | 1
 }
+
+/// On a group leader's `at`: the group's slots are in the arena's run of the class, at the
+/// run position in the other bits and, for the lanes it does not serve, at a second one
+/// (`ualloc::run`). No address has this bit.
+const IN_RUNS: u64 = 1 << 63;
 
 /// The `n`-th lowest set bit of `bits` (`n < popcount(bits)`): one `fns` per half on the GPU
 /// (a loop over the lower bits was 12% of malloc's stall samples at 16 B).
@@ -292,9 +298,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// `out.len()` blocks of `size` bytes with ONE semaphore operation (the group path, for a
-    /// single thread): all or nothing. `out.len() <= max_group()` of the class. Returns whether it succeeded; on
-    /// failure `out` is all null.
+    /// `out.len()` blocks of `size` bytes as one group takes them (`alloc_fast_group`, for a
+    /// single thread): one semaphore operation, or the arena's run of the class when that
+    /// found no units. All or nothing: `out.len() <= max_group()` of the class. Returns
+    /// whether it succeeded; on failure `out` is all null.
     pub fn malloc_bulk(&self, size: usize, out: &mut [*mut u8]) -> bool {
         out.fill(ptr::null_mut());
         let k = out.len() as u32;
@@ -302,18 +309,41 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             return k == 0;
         }
         let class = SizeClass::from_size(size);
-        let at = self.find_slots(self.arena_index(), class, k);
+        let ai = self.arena_index();
+        let (mut at, more) = self.find_group_slots(ai, class, k);
+        let mut assigned = 0;
+        if at & IN_RUNS != 0 {
+            let a = at & !IN_RUNS;
+            let n = k.min(run_items(class) - (a % PAGE_SIZE as u64) as u32);
+            for (r, p) in out.iter_mut().enumerate().take(n as usize) {
+                *p = run_pos_slot(a, class, r as u32);
+            }
+            if more != 0 {
+                for r in n..k {
+                    out[r as usize] = run_pos_slot(more, class, r - n);
+                }
+            }
+            if n == k || more != 0 {
+                return true;
+            }
+            assigned = n;
+            at = self.find_slots(ai, class, k - n);
+        }
         if at == 0 {
+            for p in &mut out[..assigned as usize] {
+                // SAFETY: blocks this call took, not handed to anyone.
+                unsafe { self.free(*p) };
+                *p = ptr::null_mut();
+            }
             return false;
         }
         if at & 1 == 0 {
-            for (i, p) in out.iter_mut().enumerate() {
+            for (i, p) in out[assigned as usize..].iter_mut().enumerate() {
                 *p = slot_ptr(at, class, i as u32);
             }
             return true;
         }
         let mut claimer = ListClaimer::new(&self.arenas[(at >> 1) as usize], class);
-        let mut assigned = 0;
         while assigned < k {
             let (bin, word, bits) = claimer.next(k - assigned);
             let mut rest = bits;
@@ -338,6 +368,43 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             Ok(()) => units_at(ai),
             Err(miss) => self.find_slots_after(miss, ai, class, k),
         }
+    }
+
+    /// [`find_slots`](Self::find_slots) for a group's leader: `(at, 0)` as `find_slots`; or,
+    /// for a small class whose arena had no units for the group outside a small heap, the
+    /// group's run positions `(a | IN_RUNS, b)` ([`UAlloc::take_from_run`]).
+    #[inline(always)]
+    fn find_group_slots(&self, ai: usize, class: SizeClass, k: u32) -> (u64, u64) {
+        match self.arenas[ai].class(class).slots.0.wait_fast(k) {
+            Ok(()) => (units_at(ai), 0),
+            Err(miss) => self.find_group_slots_after(miss, ai, class, k),
+        }
+    }
+
+    /// [`find_group_slots`](Self::find_group_slots) after its fast path missed.
+    ///
+    /// The run comes after the semaphore, not before: a warm heap's freed slots are the
+    /// semaphore's, and a run taken first would carve new bins while they wait.
+    #[cold]
+    #[inline(never)]
+    fn find_group_slots_after(
+        &self,
+        miss: Miss,
+        ai: usize,
+        class: SizeClass,
+        k: u32,
+    ) -> (u64, u64) {
+        if class.kind() == BinKind::Small && !self.small_heap() {
+            // INV(SEM3): the miss's deduction goes back (one add nobody waits for).
+            self.arenas[ai].class(class).slots.0.cancel(miss, k);
+            let (a, b) = self.take_from_run(ai, class, k);
+            if a != 0 {
+                return (a | IN_RUNS, b);
+            }
+            // The run is parked: the usual way, from a new look at the semaphore.
+            return (self.find_slots(ai, class, k), 0);
+        }
+        (self.find_slots_after(miss, ai, class, k), 0)
     }
 
     /// [`find_slots`](Self::find_slots) after its fast path missed: out of line, so that the
@@ -432,22 +499,51 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// 64-bit word serves the whole group). Collective over `group` (collective.rs rules): the
     /// loop runs the same number of times on every lane because `assigned` only changes by
     /// broadcast values.
+    ///
+    /// A group of a small class whose arena has no units for it takes its slots from the
+    /// arena's run instead ([`IN_RUNS`], `ualloc::run`); lanes the runs could not serve take
+    /// theirs as above, ranks from `assigned` on.
     #[inline(never)]
     fn alloc_fast_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
         let k = group.size();
         let rank = group.rank();
-        let at = if group.is_leader() {
-            self.find_slots(ai, class, k)
+        let (at, more) = if group.is_leader() {
+            self.find_group_slots(ai, class, k)
         } else {
-            0
+            (0, 0)
         };
-        let at = group.broadcast_u64(at);
+        let mut at = group.broadcast_u64(at);
+        let mut assigned = 0;
+        let mut mine = ptr::null_mut();
+        if at & IN_RUNS != 0 {
+            let a = at & !IN_RUNS;
+            let b = group.broadcast_u64(more);
+            // The run at `a` serves the first `n` lanes; `b`, if any, the others.
+            let n = k.min(run_items(class) - (a % PAGE_SIZE as u64) as u32);
+            if rank < n {
+                mine = run_pos_slot(a, class, rank);
+            } else if b != 0 {
+                mine = run_pos_slot(b, class, rank - n);
+            }
+            if n == k || b != 0 {
+                return mine;
+            }
+            assigned = n;
+            at = if group.is_leader() {
+                self.find_slots(ai, class, k - n)
+            } else {
+                0
+            };
+            at = group.broadcast_u64(at);
+        }
         if at & 1 == 0 {
-            return if at == 0 {
+            return if rank < assigned {
+                mine
+            } else if at == 0 {
                 // Last: each lane looks for a free slot in another arena's bins (steal.rs).
                 self.steal_slot(ai, class)
             } else {
-                slot_ptr(at, class, rank)
+                slot_ptr(at, class, rank - assigned)
             };
         }
         let mut claimer = if group.is_leader() {
@@ -455,8 +551,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         } else {
             None
         };
-        let mut assigned = 0;
-        let mut mine = ptr::null_mut();
         while assigned < k {
             let (bin, word, bits) = match claimer.as_mut() {
                 Some(c) => c.next(k - assigned),

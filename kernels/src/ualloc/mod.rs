@@ -64,6 +64,7 @@ pub use arena::Arena;
 pub use exhaust::{HarvestCount, TrimGate};
 pub use layout::{CHUNK_SHIFT, CHUNK_SIZE, PAGE_SHIFT, PAGE_SIZE};
 pub(crate) use refill::OOM_RETRIES;
+pub use run::{run_bins, run_items};
 
 /// Where UAlloc gets its chunks (the heap implements it over TBuddy).
 pub trait ChunkSource {

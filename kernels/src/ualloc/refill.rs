@@ -250,7 +250,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // The harvest epoch read before our last trim (INV(UA17)).
         let mut trimmed_at = None;
         while taken.1 == 0 {
-            taken = self.take_bins(ai, kind, want);
+            taken = self.take_bins(ai, kind, want, false);
             if taken.1 > 0 {
                 break;
             }
@@ -293,6 +293,26 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             retries += 1;
         }
         let (first, count) = taken;
+        self.carve_listed(owner, class, first, count, k);
+        let made = count * class.slots() - k;
+        // INV(UA2): the bins are listed before their units are. INV(SEM4): `made` may be more
+        // or less than the promise (a refill that found chunks scarce carves one bin).
+        slots.signal(made, promised);
+        Some(first)
+    }
+
+    /// Carve the `count` bins chained from `first` (through `next`; ours alone, fresh from
+    /// the chunks) for arena `owner` and `class`, the first with its first `k` slots taken,
+    /// and list them, all but a full first one, with one splice. The caller then signals
+    /// their units (INV(UA2): listed first).
+    pub(crate) fn carve_listed(
+        &self,
+        owner: usize,
+        class: SizeClass,
+        first: u64,
+        count: u32,
+        k: u32,
+    ) {
         // Carve them (INV(UA12): the owner's, wherever their chunks are; the first keeps the
         // group's `k` slots), and chain those to list, all but a full first one, through their
         // links (INV(UA7)): stores only, so the list's mutex is held for one splice. The bins
@@ -350,11 +370,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             list.splice_locked(head, tail);
             list.lock.unlock();
         }
-        let made = count * class.slots() - k;
-        // INV(UA2): the bins are listed before their units are. INV(SEM4): `made` may be more
-        // or less than the promise (a refill that found chunks scarce carves one bin).
-        slots.signal(made, promised);
-        Some(first)
     }
 
     /// Give back what UAlloc holds but does not use: every empty bin of every arena goes back
@@ -432,21 +447,37 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// `want` fresh bins of `kind` for each lane that calls this now: `(first, want)`, the
     /// others chained after the first through `next` in the order taken; `(0, 0)` when the
     /// arena has none and the source is out of memory. Collective over those lanes, grouped by
-    /// arena, kind and `want` (collective.rs rules: straight-line code, the branches below
-    /// depend on broadcast values only). The group takes its bins' units of the bins semaphore
-    /// with one `wait`, enters the chunk list with one lock, each member takes the free bins
-    /// at its ranks, and the last member splits the exhausted chunks off the list.
+    /// arena, kind, `want` and `side_by_side` (collective.rs rules: straight-line code, the
+    /// branches below depend on broadcast values only). The group takes its bins' units of the
+    /// bins semaphore with one `wait`, enters the chunk list with one lock, each member takes
+    /// the free bins at its ranks, and the last member splits the exhausted chunks off the
+    /// list.
+    ///
+    /// `side_by_side` (a run of slots, `ualloc::run`): each lane is a group of its own, and
+    /// its bins are neighbours in one chunk, `first` and the bins after it at the bin stride;
+    /// it may get fewer than `want` (at least one), and the units of the free bins it did not
+    /// take go back to the bins semaphore.
     #[cold]
     #[inline(never)]
-    pub(crate) fn take_bins(&self, ai: usize, kind: BinKind, want: u32) -> (u64, u32) {
+    pub(crate) fn take_bins(
+        &self,
+        ai: usize,
+        kind: BinKind,
+        want: u32,
+        side_by_side: bool,
+    ) -> (u64, u32) {
         let ks = self.arenas[ai].kind(kind);
         let per = bins_per_chunk(kind);
         debug_assert!(want >= 1 && want <= per);
         // Lanes that reached malloc apart (each a group of its own) can meet here, up to a
         // whole warp. Cut the group so that it waits for at most one chunk's worth (a batch
         // smaller than the request would underflow E, INV(SEM4)).
-        let key = KIND_GROUP_TAG | (want as u64) << 32 | (ai as u64) << 8 | kind.index() as u64;
-        let group = Group::of(key).split(per / want);
+        let key = KIND_GROUP_TAG
+            | (side_by_side as u64) << 48
+            | (want as u64) << 32
+            | (ai as u64) << 8
+            | kind.index() as u64;
+        let group = Group::of(key).split(if side_by_side { 1 } else { per / want });
         let k = group.size() * want;
         let first = group.rank() * want;
         // The batch is what an adoption would bring (`adoption_log2`): with several chunks
@@ -499,6 +530,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         while taken < want {
             // INV(UA9): the units we hold are free bins on the partial list, after this one.
             let mut next = chunk.next_free_bin(index + 1);
+            if side_by_side && next != Some(index + 1) {
+                // A lone member (no rank after ours), so the bins we leave are nobody's.
+                break;
+            }
             while next.is_none() {
                 let at = chunk.next.load_relaxed();
                 assert!(at != 0, "INV(UA9): fewer free bins than semaphore units");
@@ -538,7 +573,11 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
         }
         list.lock.unlock();
-        (head, want)
+        if taken < want {
+            // INV(UA9): the bins we did not take are still free on the partial list.
+            ks.bins.0.release(want - taken);
+        }
+        (head, taken)
     }
 
     /// How many chunks, as a power of two, an adoption of the arena takes from the source in

@@ -1,12 +1,21 @@
-//! Runs of slots for lanes alone in their warp: one bin per arena and class, carved full,
-//! whose slots are handed out by index with one add on the run's word
-//! ([`Run`](crate::run::Run), whose base is the bin's address in 128 B blocks). Only the lane
-//! that is the one lane of its warp asking for a small block comes here (`alloc_alone`).
+//! Runs of slots: bins carved full for an arena and class, side by side in one chunk, whose
+//! slots are handed out by index with one add on the run's word ([`Run`](crate::run::Run),
+//! whose base is the first bin's address in 128 B blocks). Item `i` of a run of a small class
+//! is slot `i % slots` of its bin `i / slots`; a run of a large class is one bin.
 //!
-//! Such a lane would otherwise take a slot with a chain of dependent atomics: the class's semaphore, the arena's read section, the list's head, the
-//! bin's count and bitmap, and the section's closing fence. ncu of one thread's mallocs put a
-//! third of its time there (`docs/benchmarks.md`). From a run it costs one add; the lane whose
-//! add uses the run up (or finds none) carves the next bin and keeps its slot 0.
+//! Who takes from them:
+//! - the lane that is the one lane of its warp asking for a small block (`alloc_alone`), for
+//!   every class: one item;
+//! - a group of lanes of a small class (16 B – 128 B) whose arena's semaphore had no units
+//!   for it (`alloc_fast_group`): its `k` items with one add. That is a fresh fill's common
+//!   case, and a warm heap's slots stay with the semaphore and the lists.
+//!
+//! Without a run, such a lane or group takes its slots with a chain of dependent atomics: the
+//! class's semaphore, the arena's read section, the list's head, the bin's count and bitmap,
+//! and the section's closing fence; and a fresh fill's groups wait for refills that list a
+//! few bins at a time, whose walkers pass each other's full bins (`docs/benchmarks.md`). From
+//! a run it costs one add; the lane whose add uses the run up (or finds none) carves the next
+//! bins and keeps the items it still needs from them.
 //!
 //! A run's bin is an ordinary carved bin that happens to be full: its bitmap has every slot
 //! set and its count is the bin's slots (`BinHeader::init_for` with every slot claimed), so it
@@ -17,73 +26,205 @@
 //! lists the bin and gives their units to the class's semaphore (INV(UA18)).
 //!
 //! Runs are stocked only while chunks are plenty (as many per arena as a refill of several
-//! bins needs, `PLENTY_CHUNKS_PER_ARENA`); otherwise the word is parked and lone lanes take
-//! their slots the usual way, at the cost of their add.
+//! bins needs, `PLENTY_CHUNKS_PER_ARENA`); otherwise the word is parked and lanes take their
+//! slots the usual way, at the cost of their add. A stocker that finds fewer neighbouring
+//! free bins than a run needs carves them as ordinary listed bins (a refill) and empties the
+//! word, so that the next add tries again.
 
-use crate::run::{Leftover, MAX_BASE, Take};
-use crate::size_class::SizeClass;
+use crate::platform;
+use crate::run::{Leftover, MAX_BASE, Take, Takes};
+use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::slot_ptr;
 use crate::ualloc::arena::bin_at;
 use crate::ualloc::free::{give_units, release_bits};
-use crate::ualloc::layout::{BLOCK_SHIFT, WORD_BITS};
+use crate::ualloc::layout::{BLOCK_SHIFT, PAGE_SHIFT, PAGE_SIZE, WORD_BITS};
 use crate::ualloc::refill::PLENTY_CHUNKS_PER_ARENA;
 use crate::ualloc::{ChunkSource, UAlloc};
+
+/// The most items a run of a small class holds: a group's position in a run is the first
+/// bin's page address plus the item's index, which must stay below the next page
+/// ([`run_slot`]).
+const RUN_ITEMS: u32 = PAGE_SIZE as u32;
+/// The most bins one run of a small class carves (128 KB).
+const RUN_MAX_BINS: u32 = 32;
+
+/// Bins a run of `class` carves: a small class's [`RUN_ITEMS`] slots, at most
+/// [`RUN_MAX_BINS`] (16 B: 16 bins, 32 B and 64 B: 32, 128 B: 32); one bin of a large class.
+#[inline(always)]
+pub const fn run_bins(class: SizeClass) -> u32 {
+    match class.kind() {
+        BinKind::Small => {
+            let bins = RUN_ITEMS / class.slots();
+            if bins < RUN_MAX_BINS {
+                bins
+            } else {
+                RUN_MAX_BINS
+            }
+        }
+        BinKind::Large => 1,
+    }
+}
+
+/// Items (slots) in a run of `class`.
+#[inline(always)]
+pub const fn run_items(class: SizeClass) -> u32 {
+    run_bins(class) * class.slots()
+}
+
+// A small class's bin holds a page's worth of slots (body and tail), so that an item's bin
+// and slot are a shift and a mask; and its runs' items are numbered below a page.
+const _: () = {
+    let mut i = 0;
+    while i < SizeClass::ALL.len() {
+        let class = SizeClass::ALL[i];
+        if let BinKind::Small = class.kind() {
+            assert!(class.slots() == (PAGE_SIZE >> class.shift()) as u32);
+            assert!(run_items(class) <= RUN_ITEMS && class.slots() >= crate::run::MAX_TAKE);
+        }
+        i += 1;
+    }
+};
+
+/// Item `item` of the run whose first bin is at `base`: its bin's address and its slot there.
+#[inline(always)]
+fn run_bin(base: u64, class: SizeClass, item: u32) -> (u64, u32) {
+    match class.kind() {
+        BinKind::Small => {
+            let per_bin = PAGE_SHIFT - class.shift();
+            let bin = base + (((item >> per_bin) as u64) << PAGE_SHIFT);
+            (bin, item & ((1 << per_bin) - 1))
+        }
+        BinKind::Large => (base, item),
+    }
+}
+
+/// The address of item `item` of the run whose first bin is at `base`.
+#[inline(always)]
+pub(crate) fn run_slot(base: u64, class: SizeClass, item: u32) -> *mut u8 {
+    let (bin, slot) = run_bin(base, class, item);
+    slot_ptr(bin, class, slot)
+}
+
+/// A group's position in a run of a small class: the first bin's (page) address plus the
+/// index of the group's first item. Lane `r` of the group has item `first + r`.
+#[inline(always)]
+pub(crate) fn run_pos(base: u64, first: u32) -> u64 {
+    debug_assert!(base.is_multiple_of(PAGE_SIZE as u64) && first < RUN_ITEMS);
+    base | first as u64
+}
+
+/// The address of lane `r`'s item at a [`run_pos`].
+#[inline(always)]
+pub(crate) fn run_pos_slot(pos: u64, class: SizeClass, r: u32) -> *mut u8 {
+    let page = PAGE_SIZE as u64 - 1;
+    run_slot(pos & !page, class, (pos & page) as u32 + r)
+}
 
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// A slot of `class` for a lone lane of arena `ai` from the arena's run: one add, and once
     /// per run a carving. Null: take the slot the usual way.
     #[inline(always)]
     pub(crate) fn alloc_from_run(&self, ai: usize, class: SizeClass) -> *mut u8 {
-        match self.arenas[ai].slot_run(class).take(class.slots()) {
-            Take::Item { base, index } => slot_ptr(base << BLOCK_SHIFT, class, index),
+        match self.arenas[ai].slot_run(class).take(run_items(class)) {
+            Take::Item { base, index } => run_slot(base << BLOCK_SHIFT, class, index),
             Take::Elsewhere => core::ptr::null_mut(),
-            Take::Stock => self.stock_run(ai, class),
+            Take::Stock => match self.stock_slot_run(ai, class, 1) {
+                0 => core::ptr::null_mut(),
+                bin => slot_ptr(bin, class, 0),
+            },
         }
     }
 
-    /// Carve a bin of `class` full for arena `ai`'s run and install it; its slot 0 is ours.
-    /// Null (the word parked) when chunks are not plenty or none is left.
+    /// `k` slots of a small `class` for a group of arena `ai` from the arena's run, for its
+    /// leader: `(a, b)`, run positions ([`run_pos`]). The group's first `min(k, items - first
+    /// of a)` lanes have their items at `a`, the others at `b` (0: nowhere; they take their
+    /// slots the usual way). `(0, 0)`: the run is parked (memory is short).
+    ///
+    /// A group whose add finds another lane stocking waits for it: the usual way would be a
+    /// refill of its own.
     #[cold]
     #[inline(never)]
-    fn stock_run(&self, ai: usize, class: SizeClass) -> *mut u8 {
-        let plenty = self.source.chunks_left() >= self.arenas.len() * PLENTY_CHUNKS_PER_ARENA;
-        let bin = if plenty {
-            match self.take_bins(ai, class.kind(), 1) {
-                (bin, 1) => Some(bin),
-                _ => None,
+    pub(crate) fn take_from_run(&self, ai: usize, class: SizeClass, k: u32) -> (u64, u64) {
+        let run = self.arenas[ai].slot_run(class);
+        loop {
+            match run.take_many(k, run_items(class)) {
+                Takes::Items {
+                    base,
+                    first,
+                    n,
+                    stock,
+                } => {
+                    let a = run_pos(base << BLOCK_SHIFT, first);
+                    let b = if stock {
+                        self.stock_slot_run(ai, class, k - n)
+                    } else {
+                        0
+                    };
+                    return (a, b);
+                }
+                Takes::Stock => return (self.stock_slot_run(ai, class, k), 0),
+                Takes::Busy(seen) => run.wait_for_stock(seen),
+                Takes::Parked => return (0, 0),
             }
+        }
+    }
+
+    /// Carve the next run of `class` for arena `ai`, full, and install it; its first `keep`
+    /// slots (`1..=MAX_TAKE`) are ours. Returns its first bin's address (a run position with
+    /// item 0); or, when the neighbouring free bins were fewer than a run needs, the first of
+    /// those, carved as ordinary listed bins with its first `keep` slots ours; 0 (the word
+    /// parked) when chunks are not plenty or none is left.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn stock_slot_run(&self, ai: usize, class: SizeClass, keep: u32) -> u64 {
+        let plenty = self.source.chunks_left() >= self.arenas.len() * PLENTY_CHUNKS_PER_ARENA;
+        let want = run_bins(class);
+        let (bin, got) = if plenty {
+            self.take_bins(ai, class.kind(), want, true)
         } else {
-            None
+            (0, 0)
         };
         let arena = &self.arenas[ai];
         let run = arena.slot_run(class);
-        // An address the word cannot name (none on today's GPUs) makes an ordinary bin: all
-        // but our slot freed at once, and the word parked.
-        let named = bin.filter(|&b| b >> BLOCK_SHIFT <= MAX_BASE);
-        if let Some(bin) = bin {
-            // SAFETY: `take_bins` handed us this bin of a live chunk, ours alone.
-            unsafe { bin_at(bin) }.init_for(ai as u32, class, class.slots());
-        }
-        if let Some(left) = run.stock(named.map(|b| b >> BLOCK_SHIFT), class.slots()) {
-            self.give_back_slots(ai, class, left);
-        }
-        if named.is_some() {
-            // INV(UA17): a trim may now find the run's slots to give back, so a refill out of
-            // memory must not skip it as futile.
+        let items = run_items(class);
+        // An address the word cannot name (none on today's GPUs) makes ordinary bins.
+        let left = if got == want && bin >> BLOCK_SHIFT <= MAX_BASE {
+            // Side by side (`take_bins`): bin `j` is a page after bin `j - 1`. Ours alone.
+            for j in 0..got as u64 {
+                // SAFETY: `take_bins` handed us these bins of a live chunk.
+                unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.prepare_for(
+                    ai as u32,
+                    class,
+                    class.slots(),
+                );
+            }
+            // One release for every bin's words, then each bin's class (as a refill).
+            platform::fence_acq_rel();
+            for j in 0..got as u64 {
+                // SAFETY: as above.
+                unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.publish_class(class);
+            }
+            let left = run.stock(Some(bin >> BLOCK_SHIFT), keep, items);
+            // INV(UA17): a trim may now find the run's slots to give back, so a refill out
+            // of memory must not skip it as futile.
             arena.harvest().note();
-        }
-        let Some(bin) = bin else {
-            return core::ptr::null_mut();
+            left
+        } else if got > 0 {
+            self.carve_listed(ai, class, bin, got, keep);
+            // INV(UA2): listed before their units are; a refill nobody promised (INV(SEM4)).
+            arena
+                .class(class)
+                .slots
+                .0
+                .release(got * class.slots() - keep);
+            run.clear(items)
+        } else {
+            run.stock(None, 1, items)
         };
-        if named.is_none() {
-            let left = Leftover {
-                base: bin >> BLOCK_SHIFT,
-                first: 1,
-                count: class.slots() - 1,
-            };
+        if let Some(left) = left {
             self.give_back_slots(ai, class, left);
         }
-        slot_ptr(bin, class, 0)
+        bin
     }
 
     /// Free the slots of a run of arena `ai` that nobody was handed (INV(UA18)), a bitmap word
@@ -93,15 +234,18 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     #[inline(never)]
     pub(crate) fn give_back_slots(&self, ai: usize, class: SizeClass, left: Leftover) {
         let arena = &self.arenas[ai];
-        // SAFETY: the run's bin stays carved while its slots are claimed, and these are.
-        let bin = unsafe { bin_at(left.base << BLOCK_SHIFT) };
+        let base = left.base << BLOCK_SHIFT;
         let end = left.first + left.count;
-        let mut at = left.first;
-        while at < end {
-            let word = at / WORD_BITS as u32;
-            let stop = end.min((word + 1) * WORD_BITS as u32);
-            let len = stop - at;
-            let bits = (u64::MAX >> (WORD_BITS as u32 - len)) << (at % WORD_BITS as u32);
+        let mut item = left.first;
+        while item < end {
+            let (bin_addr, in_bin) = run_bin(base, class, item);
+            // SAFETY: the run's bins stay carved while its slots are claimed, and these are.
+            let bin = unsafe { bin_at(bin_addr) };
+            let word = in_bin / WORD_BITS as u32;
+            let len = (end - item)
+                .min((word + 1) * WORD_BITS as u32 - in_bin)
+                .min(class.slots() - in_bin);
+            let bits = (u64::MAX >> (WORD_BITS as u32 - len)) << (in_bin % WORD_BITS as u32);
             let reader = arena.rcu.read_lock_fenced();
             let (old, emptied) = release_bits(arena, class, bin, word, bits);
             drop(reader);
@@ -111,7 +255,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 "a run's slots stay claimed until given back"
             );
             give_units(arena, class, old, bits, emptied);
-            at = stop;
+            item += len;
         }
     }
 
@@ -119,7 +263,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     pub(crate) fn flush_slot_runs(&self, ai: usize) -> u32 {
         let mut flushed = 0;
         for class in SizeClass::ALL {
-            if let Some(left) = self.arenas[ai].slot_run(class).flush(class.slots()) {
+            if let Some(left) = self.arenas[ai].slot_run(class).flush(run_items(class)) {
                 self.give_back_slots(ai, class, left);
                 flushed += 1;
             }
