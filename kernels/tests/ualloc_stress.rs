@@ -2580,3 +2580,100 @@ fn group_fills_of_few_chunks_share_bins_between_arenas() {
         assert_eq!(source.outstanding(), 0, "every chunk back in the source");
     }
 }
+
+/// Groups and lone lanes of the small classes churn through the arenas' runs while chunks are
+/// plentiful (`ualloc::run`): groups of every size that take items side by side, cross the end
+/// of a run and stock the next, lone mallocs on the same runs, frees by other threads that
+/// give the semaphores units (so that groups go back and forth between the lists and the
+/// runs), and trims that flush the runs. Every block is checked against the shadow and its
+/// pattern, and everything goes back.
+#[test]
+fn group_runs_churn_with_lone_lanes_frees_and_trims() {
+    with_deadline(|| {
+        const THREADS: usize = 4;
+        const ROUNDS: usize = 4000;
+        let (arenas, chunks) = heap(2, 256);
+        let ua = Arc::new(ualloc(arenas, &chunks));
+        let shadow = Arc::new(Shadow::default());
+        let (tx, rx) = mpsc::channel::<Vec<usize>>();
+        let rx = Arc::new(Mutex::new(rx));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (ua, shadow, tx, rx) = (ua.clone(), shadow.clone(), tx.clone(), rx.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng(777 + t as u64);
+                    let mut live: Vec<(Vec<usize>, u64)> = Vec::new();
+                    for round in 0..ROUNDS {
+                        let tag = (t * ROUNDS + round) as u64;
+                        let size = 16usize << rng.below(4);
+                        let blocks: Vec<usize> = if rng.below(4) == 0 {
+                            (0..1 + rng.below(3))
+                                .map(|_| ua.malloc(size) as usize)
+                                .collect()
+                        } else {
+                            let k = 1 + rng.below(32) as usize;
+                            let mut out = vec![std::ptr::null_mut(); k];
+                            assert!(ua.malloc_bulk(size, &mut out), "{k} × {size}");
+                            out.iter().map(|&p| p as usize).collect()
+                        };
+                        for &p in &blocks {
+                            adopt_block(&ua, &shadow, p as *mut u8, size, tag);
+                        }
+                        live.push((blocks, tag));
+                        if live.len() > 16 {
+                            let (group, tag) =
+                                live.swap_remove(rng.below(live.len() as u64) as usize);
+                            if rng.below(2) == 0 {
+                                for p in group {
+                                    release_block(&ua, &shadow, p as *mut u8, tag);
+                                }
+                            } else {
+                                // Another thread frees it (tag 0 marks it unchecked there).
+                                for &p in &group {
+                                    check(p as *mut u8, shadow_len(&shadow, p), tag);
+                                }
+                                tx.send(group).unwrap();
+                            }
+                        }
+                        if let Ok(group) = rx.lock().unwrap().try_recv() {
+                            for p in group {
+                                shadow.remove(p as *mut u8);
+                                // SAFETY: a live block another thread handed over.
+                                assert!(matches!(
+                                    unsafe { ua.free(p as *mut u8) },
+                                    FreeOutcome::Freed(_)
+                                ));
+                            }
+                        }
+                        if round % 500 == 250 + t {
+                            ua.trim();
+                        }
+                    }
+                    for (group, tag) in live {
+                        for p in group {
+                            release_block(&ua, &shadow, p as *mut u8, tag);
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        while let Ok(group) = rx.lock().unwrap().try_recv() {
+            for p in group {
+                shadow.remove(p as *mut u8);
+                // SAFETY: a live block handed over.
+                assert!(matches!(
+                    unsafe { ua.free(p as *mut u8) },
+                    FreeOutcome::Freed(_)
+                ));
+            }
+        }
+        assert_all_returned(&ua, &chunks);
+    });
+}
+
+/// The size the shadow holds for the live block at `p`.
+fn shadow_len(shadow: &Shadow, p: usize) -> usize {
+    *shadow.0.lock().unwrap().get(&p).expect("a live block")
+}

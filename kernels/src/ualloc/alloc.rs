@@ -47,6 +47,21 @@ pub(crate) fn units_at(arena: usize) -> u64 {
 /// (`ualloc::run`). No address has this bit.
 const IN_RUNS: u64 = 1 << 63;
 
+/// Lane `rank`'s slot of a group of `k` whose leader found them in runs: `at` (with
+/// [`IN_RUNS`]) serves the first lanes, as many as its run has items left, and `more` the
+/// others.
+#[inline(always)]
+fn run_group_slot(class: SizeClass, at: u64, more: u64, k: u32, rank: u32) -> *mut u8 {
+    let a = at & !IN_RUNS;
+    let n = k.min(run_items(class) - (a % PAGE_SIZE as u64) as u32);
+    let (pos, r) = if rank < n {
+        (a, rank)
+    } else {
+        (more, rank - n)
+    };
+    run_pos_slot(pos, class, r)
+}
+
 /// The `n`-th lowest set bit of `bits` (`n < popcount(bits)`): one `fns` per half on the GPU
 /// (a loop over the lower bits was 12% of malloc's stall samples at 16 B).
 #[inline(always)]
@@ -310,39 +325,23 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         let class = SizeClass::from_size(size);
         let ai = self.arena_index();
-        let (mut at, more) = self.find_group_slots(ai, class, k);
-        let mut assigned = 0;
+        let (at, more) = self.find_group_slots(ai, class, k);
         if at & IN_RUNS != 0 {
-            let a = at & !IN_RUNS;
-            let n = k.min(run_items(class) - (a % PAGE_SIZE as u64) as u32);
-            for (r, p) in out.iter_mut().enumerate().take(n as usize) {
-                *p = run_pos_slot(a, class, r as u32);
+            for (r, p) in out.iter_mut().enumerate() {
+                *p = run_group_slot(class, at, more, k, r as u32);
             }
-            if more != 0 {
-                for r in n..k {
-                    out[r as usize] = run_pos_slot(more, class, r - n);
-                }
-            }
-            if n == k || more != 0 {
-                return true;
-            }
-            assigned = n;
-            at = self.find_slots(ai, class, k - n);
+            return true;
         }
         if at == 0 {
-            for p in &mut out[..assigned as usize] {
-                // SAFETY: blocks this call took, not handed to anyone.
-                unsafe { self.free(*p) };
-                *p = ptr::null_mut();
-            }
             return false;
         }
         if at & 1 == 0 {
-            for (i, p) in out[assigned as usize..].iter_mut().enumerate() {
+            for (i, p) in out.iter_mut().enumerate() {
                 *p = slot_ptr(at, class, i as u32);
             }
             return true;
         }
+        let mut assigned = 0;
         let mut claimer = ListClaimer::new(&self.arenas[(at >> 1) as usize], class);
         while assigned < k {
             let (bin, word, bits) = claimer.next(k - assigned);
@@ -501,8 +500,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// broadcast values.
     ///
     /// A group of a small class whose arena has no units for it takes its slots from the
-    /// arena's run instead ([`IN_RUNS`], `ualloc::run`); lanes the runs could not serve take
-    /// theirs as above, ranks from `assigned` on.
+    /// arena's run instead ([`IN_RUNS`], `ualloc::run`).
     #[inline(never)]
     fn alloc_fast_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
         let k = group.size();
@@ -512,38 +510,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         } else {
             (0, 0)
         };
-        let mut at = group.broadcast_u64(at);
-        let mut assigned = 0;
-        let mut mine = ptr::null_mut();
+        let at = group.broadcast_u64(at);
         if at & IN_RUNS != 0 {
-            let a = at & !IN_RUNS;
-            let b = group.broadcast_u64(more);
-            // The run at `a` serves the first `n` lanes; `b`, if any, the others.
-            let n = k.min(run_items(class) - (a % PAGE_SIZE as u64) as u32);
-            if rank < n {
-                mine = run_pos_slot(a, class, rank);
-            } else if b != 0 {
-                mine = run_pos_slot(b, class, rank - n);
-            }
-            if n == k || b != 0 {
-                return mine;
-            }
-            assigned = n;
-            at = if group.is_leader() {
-                self.find_slots(ai, class, k - n)
-            } else {
-                0
-            };
-            at = group.broadcast_u64(at);
+            return run_group_slot(class, at, group.broadcast_u64(more), k, rank);
         }
         if at & 1 == 0 {
-            return if rank < assigned {
-                mine
-            } else if at == 0 {
+            return if at == 0 {
                 // Last: each lane looks for a free slot in another arena's bins (steal.rs).
                 self.steal_slot(ai, class)
             } else {
-                slot_ptr(at, class, rank - assigned)
+                slot_ptr(at, class, rank)
             };
         }
         let mut claimer = if group.is_leader() {
@@ -551,6 +527,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         } else {
             None
         };
+        let mut assigned = 0;
+        let mut mine = ptr::null_mut();
         while assigned < k {
             let (bin, word, bits) = match claimer.as_mut() {
                 Some(c) => c.next(k - assigned),

@@ -40,7 +40,7 @@ pub(crate) fn nth_free_bin(list: &ChunkList, mut rank: u32) -> (&ChunkHeader, us
 
 /// What [`UAlloc::adopt_chunk`] returns to a caller that waited for another thread's adoption
 /// of the same kind (never a chunk address: those are `CHUNK_SIZE`-aligned).
-const JOINED: u64 = 1;
+pub(crate) const JOINED: u64 = 1;
 
 /// How many adoptions of others a refill waits for, each followed by a look at every arena's
 /// free bins, before it counts a miss as running out. Each one that succeeded took a chunk from

@@ -38,13 +38,16 @@ use crate::ualloc::alloc::slot_ptr;
 use crate::ualloc::arena::bin_at;
 use crate::ualloc::free::{give_units, release_bits};
 use crate::ualloc::layout::{BLOCK_SHIFT, PAGE_SHIFT, PAGE_SIZE, WORD_BITS};
-use crate::ualloc::refill::PLENTY_CHUNKS_PER_ARENA;
+use crate::ualloc::refill::{JOINED, PLENTY_CHUNKS_PER_ARENA};
 use crate::ualloc::{ChunkSource, UAlloc};
 
 /// The most items a run of a small class holds: a group's position in a run is the first
 /// bin's page address plus the item's index, which must stay below the next page
 /// ([`run_slot`]).
 const RUN_ITEMS: u32 = PAGE_SIZE as u32;
+/// How many adoptions of others a stock joins before it parks the word (each may leave it
+/// none of the new chunk's bins).
+const MAX_JOINS: u32 = 4;
 /// The most bins one run of a small class carves (128 KB).
 const RUN_MAX_BINS: u32 = 32;
 
@@ -137,8 +140,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
 
     /// `k` slots of a small `class` for a group of arena `ai` from the arena's run, for its
     /// leader: `(a, b)`, run positions ([`run_pos`]). The group's first `min(k, items - first
-    /// of a)` lanes have their items at `a`, the others at `b` (0: nowhere; they take their
-    /// slots the usual way). `(0, 0)`: the run is parked (memory is short).
+    /// of a)` lanes have their items at `a`, the others at `b`. `(0, 0)`: memory is short (the
+    /// run is parked): none; the group takes its slots the usual way.
     ///
     /// A group whose add finds another lane stocking waits for it: the usual way would be a
     /// refill of its own.
@@ -155,11 +158,24 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     stock,
                 } => {
                     let a = run_pos(base << BLOCK_SHIFT, first);
-                    let b = if stock {
-                        self.stock_slot_run(ai, class, k - n)
-                    } else {
-                        0
-                    };
+                    if !stock {
+                        return (a, 0);
+                    }
+                    let b = self.stock_slot_run(ai, class, k - n);
+                    if b == 0 {
+                        // No memory for the rest: the group goes the usual way, all of it,
+                        // and our items of the old run are freed as a swap's leftover.
+                        self.give_back_slots(
+                            ai,
+                            class,
+                            Leftover {
+                                base,
+                                first,
+                                count: n,
+                            },
+                        );
+                        return (0, 0);
+                    }
                     return (a, b);
                 }
                 Takes::Stock => return (self.stock_slot_run(ai, class, k), 0),
@@ -179,11 +195,18 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     pub(crate) fn stock_slot_run(&self, ai: usize, class: SizeClass, keep: u32) -> u64 {
         let plenty = self.source.chunks_left() >= self.arenas.len() * PLENTY_CHUNKS_PER_ARENA;
         let want = run_bins(class);
-        let (bin, got) = if plenty {
-            self.take_bins(ai, class.kind(), want, true)
-        } else {
-            (0, 0)
-        };
+        let mut taken = (0, 0);
+        if plenty {
+            for _ in 0..MAX_JOINS {
+                taken = self.take_bins(ai, class.kind(), want, true);
+                // JOINED: another thread's adoption of a chunk of this kind came first; its
+                // bins are there to take.
+                if taken.0 != JOINED {
+                    break;
+                }
+            }
+        }
+        let (bin, got) = if taken.1 > 0 { taken } else { (0, 0) };
         let arena = &self.arenas[ai];
         let run = arena.slot_run(class);
         let items = run_items(class);
