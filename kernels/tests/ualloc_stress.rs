@@ -670,8 +670,9 @@ fn small_heap_groups_share_a_home_refill_of_many_bins() {
 
 /// While chunks are plentiful, a group of a small class whose arena's semaphore holds no unit
 /// for it takes its slots from the arena's run with one add (`ualloc::run`): groups in a row
-/// get neighbouring items, and the group whose add crosses the end of the run takes the rest
-/// from the next run, which it stocks; the semaphore stays empty. Once frees give the
+/// get neighbouring items; the group whose add passes the middle of the run carves the next
+/// run ahead, and the group whose add crosses the end takes the rest from it, installed with
+/// one swap; the semaphore stays empty. Once frees give the
 /// semaphore units, a group takes those instead (a warm heap's slots stay in use), and
 /// everything goes back.
 #[test]
@@ -690,6 +691,7 @@ fn groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty() {
             // Groups of 24 do not divide a run (a power of two): one crosses its end.
             let k = 24;
             let mut groups: Vec<Vec<*mut u8>> = Vec::new();
+            let mut prepared = 0;
             while groups.len() * k < items + k {
                 let mut out = vec![std::ptr::null_mut(); k];
                 assert!(ua.malloc_bulk(size, &mut out), "{class:?}");
@@ -697,6 +699,17 @@ fn groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty() {
                     adopt_block(&ua, &shadow, p, size, 1);
                 }
                 groups.push(out);
+                let ahead = arenas[0].next_slot_run(class).load_relaxed() as usize;
+                // The group whose add passes the middle of the run carves the next one.
+                let past_middle = groups.len() * k >= items / 2;
+                assert_eq!(
+                    ahead != 0,
+                    past_middle && groups.len() * k <= items,
+                    "{class:?}"
+                );
+                if ahead != 0 {
+                    prepared = ahead << 7;
+                }
             }
             assert_eq!(arenas[0].slot_counters(class).0, 0, "{class:?}: no unit");
             let first = groups[0][0] as usize;
@@ -711,6 +724,7 @@ fn groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty() {
             let next = groups[crossing][n] as usize;
             let end = first + (items - 1) / slots * PAGE_SIZE + slots * size;
             assert!(next < first || next >= end, "{class:?}: a new run");
+            assert_eq!(next, prepared + 128, "{class:?}: the run carved ahead");
             for (r, &p) in groups[crossing].iter().enumerate().skip(n) {
                 assert_eq!(p as usize, next + (r - n) * size, "{class:?} lane {r}");
             }

@@ -101,6 +101,25 @@ fn run_bin(base: u64, class: SizeClass, item: u32) -> (u64, u32) {
     }
 }
 
+/// What [`UAlloc::carve_run`] made.
+enum Carved {
+    /// A run, at its first bin's address.
+    Run(u64),
+    /// Ordinary listed bins, the first at this address.
+    Listed(u64),
+    Nothing,
+}
+
+/// Every item of the run at `base` (in 128 B blocks), to give back: a run carved ahead that
+/// nobody installed.
+fn whole_run(base: u64, class: SizeClass) -> Leftover {
+    Leftover {
+        base,
+        first: 0,
+        count: run_items(class),
+    }
+}
+
 /// The address of item `item` of the run whose first bin is at `base`.
 #[inline(always)]
 pub(crate) fn run_slot(base: u64, class: SizeClass, item: u32) -> *mut u8 {
@@ -159,6 +178,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 } => {
                     let a = run_pos(base << BLOCK_SHIFT, first);
                     if !stock {
+                        let half = run_items(class) / 2;
+                        if first < half && first + n >= half {
+                            self.prepare_next_run(ai, class);
+                        }
                         return (a, 0);
                     }
                     let b = self.stock_slot_run(ai, class, k - n);
@@ -185,14 +208,66 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// Carve the next run of `class` for arena `ai`, full, and install it; its first `keep`
-    /// slots (`1..=MAX_TAKE`) are ours. Returns its first bin's address (a run position with
-    /// item 0); or, when the neighbouring free bins were fewer than a run needs, the first of
-    /// those, carved as ordinary listed bins with its first `keep` slots ours; 0 (the word
-    /// parked) when chunks are not plenty or none is left.
+    /// Install the next run of `class` for arena `ai`: the one carved ahead if there is one
+    /// (one swap), else a run carved now. Its first `keep` slots (`1..=MAX_TAKE`) are ours.
+    /// Returns its first bin's address (a run position with item 0); or, when the neighbouring
+    /// free bins were fewer than a run needs, the first of those, carved as ordinary listed
+    /// bins with its first `keep` slots ours; 0 (the word parked) when chunks are not plenty
+    /// or none is left.
     #[cold]
     #[inline(never)]
     pub(crate) fn stock_slot_run(&self, ai: usize, class: SizeClass, keep: u32) -> u64 {
+        let arena = &self.arenas[ai];
+        let run = arena.slot_run(class);
+        let items = run_items(class);
+        let next = arena.next_slot_run(class);
+        // Relaxed: a hint; the swap decides (acquire: the carving before its publication).
+        let ready = if next.load_relaxed() != 0 {
+            next.swap_acq_rel(0)
+        } else {
+            0
+        };
+        let (left, bin) = if ready != 0 {
+            (run.stock(Some(ready), keep, items), ready << BLOCK_SHIFT)
+        } else {
+            match self.carve_run(ai, class, keep) {
+                Carved::Run(bin) => (run.stock(Some(bin >> BLOCK_SHIFT), keep, items), bin),
+                Carved::Listed(bin) => (run.clear(items), bin),
+                Carved::Nothing => (run.stock(None, 1, items), 0),
+            }
+        };
+        if let Some(left) = left {
+            self.give_back_slots(ai, class, left);
+        }
+        bin
+    }
+
+    /// Carve the run after arena `ai`'s run of `class` while that one is in use, for the stock
+    /// at its end ([`stock_slot_run`](Self::stock_slot_run)): the group whose add passes the
+    /// middle of a run does it, so that the groups that come when the run is used up wait for
+    /// a swap instead of a carving. Nothing when one is ready, or chunks are not plenty.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn prepare_next_run(&self, ai: usize, class: SizeClass) {
+        let next = self.arenas[ai].next_slot_run(class);
+        if next.load_relaxed() != 0 {
+            return;
+        }
+        if let Carved::Run(bin) = self.carve_run(ai, class, 0) {
+            // Release: the carving before a stocker's swap. Acquire: a run another thread
+            // carved meanwhile (rare), which goes back whole.
+            let old = next.swap_acq_rel(bin >> BLOCK_SHIFT);
+            if old != 0 {
+                self.give_back_slots(ai, class, whole_run(old, class));
+            }
+        }
+    }
+
+    /// A run of `class` for arena `ai`: bins side by side, carved full (INV(UA18)); or, when
+    /// fewer neighbouring free bins were left, those bins carved as ordinary listed bins (the
+    /// first with its first `keep` slots taken, the rest given to the semaphore: a refill
+    /// nobody promised, INV(SEM4)); or nothing, when chunks are not plenty or none is left.
+    fn carve_run(&self, ai: usize, class: SizeClass, keep: u32) -> Carved {
         let plenty = self.source.chunks_left() >= self.arenas.len() * PLENTY_CHUNKS_PER_ARENA;
         let want = run_bins(class);
         let mut taken = (0, 0);
@@ -206,48 +281,34 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 }
             }
         }
-        let (bin, got) = if taken.1 > 0 { taken } else { (0, 0) };
-        let arena = &self.arenas[ai];
-        let run = arena.slot_run(class);
-        let items = run_items(class);
-        // An address the word cannot name (none on today's GPUs) makes ordinary bins.
-        let left = if got == want && bin >> BLOCK_SHIFT <= MAX_BASE {
-            // Side by side (`take_bins`): bin `j` is a page after bin `j - 1`. Ours alone.
-            for j in 0..got as u64 {
-                // SAFETY: `take_bins` handed us these bins of a live chunk.
-                unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.prepare_for(
-                    ai as u32,
-                    class,
-                    class.slots(),
-                );
-            }
-            // One release for every bin's words, then each bin's class (as a refill).
-            platform::fence_acq_rel();
-            for j in 0..got as u64 {
-                // SAFETY: as above.
-                unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.publish_class(class);
-            }
-            let left = run.stock(Some(bin >> BLOCK_SHIFT), keep, items);
-            // INV(UA17): a trim may now find the run's slots to give back, so a refill out
-            // of memory must not skip it as futile.
-            arena.harvest().note();
-            left
-        } else if got > 0 {
-            self.carve_listed(ai, class, bin, got, keep);
-            // INV(UA2): listed before their units are; a refill nobody promised (INV(SEM4)).
-            arena
-                .class(class)
-                .slots
-                .0
-                .release(got * class.slots() - keep);
-            run.clear(items)
-        } else {
-            run.stock(None, 1, items)
-        };
-        if let Some(left) = left {
-            self.give_back_slots(ai, class, left);
+        let (bin, got) = taken;
+        if got == 0 {
+            return Carved::Nothing;
         }
-        bin
+        let arena = &self.arenas[ai];
+        // An address the word cannot name (none on today's GPUs) makes ordinary bins.
+        if got < want || bin >> BLOCK_SHIFT > MAX_BASE {
+            self.carve_listed(ai, class, bin, got, keep);
+            // INV(UA2): listed before their units are.
+            let units = got * class.slots() - keep;
+            arena.class(class).slots.0.release(units);
+            return Carved::Listed(bin);
+        }
+        // Side by side (`take_bins`): bin `j` is a page after bin `j - 1`. Ours alone.
+        for j in 0..got as u64 {
+            // SAFETY: `take_bins` handed us these bins of a live chunk.
+            unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.prepare_for(ai as u32, class, class.slots());
+        }
+        // One release for every bin's words, then each bin's class (as a refill).
+        platform::fence_acq_rel();
+        for j in 0..got as u64 {
+            // SAFETY: as above.
+            unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.publish_class(class);
+        }
+        // INV(UA17): a trim may now find the run's slots to give back, so a refill out of
+        // memory must not skip it as futile.
+        arena.harvest().note();
+        Carved::Run(bin)
     }
 
     /// Free the slots of a run of arena `ai` that nobody was handed (INV(UA18)), a bitmap word
@@ -282,13 +343,24 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// Empty arena `ai`'s runs of slots (a trim). Returns how many gave something back.
+    /// Empty arena `ai`'s runs of slots, and the runs carved ahead (a trim). Returns how many
+    /// gave something back.
     pub(crate) fn flush_slot_runs(&self, ai: usize) -> u32 {
+        let arena = &self.arenas[ai];
         let mut flushed = 0;
         for class in SizeClass::ALL {
-            if let Some(left) = self.arenas[ai].slot_run(class).flush(run_items(class)) {
+            if let Some(left) = arena.slot_run(class).flush(run_items(class)) {
                 self.give_back_slots(ai, class, left);
                 flushed += 1;
+            }
+            let next = arena.next_slot_run(class);
+            // Relaxed: a hint, as in `Run::flush`.
+            if next.load_relaxed() != 0 {
+                let base = next.swap_acq_rel(0);
+                if base != 0 {
+                    self.give_back_slots(ai, class, whole_run(base, class));
+                    flushed += 1;
+                }
             }
         }
         flushed
