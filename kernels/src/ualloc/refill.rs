@@ -523,17 +523,29 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // Phase 2: take it and the free bins after it in list order, `want` in all. Members
         // take disjoint runs: the bins before `first` are the lower ranks', and this member
         // stops before the next rank's run begins.
-        let mut taken = 1;
-        chunk.take_bin(index);
+        // Free bins side by side go with one atomic per bitmap word (`take_neighbours`): a bin
+        // at a time was two dependent round trips to memory per bin.
         let head = (chunk.base() + bin_offset(kind, index)) as u64;
         let mut last = head;
-        while taken < want {
-            // INV(UA9): the units we hold are free bins on the partial list, after this one.
-            let mut next = chunk.next_free_bin(index + 1);
-            if side_by_side && next != Some(index + 1) {
-                // A lone member (no rank after ours), so the bins we leave are nobody's.
+        let mut taken = 0;
+        loop {
+            let n = chunk.take_neighbours(index, want - taken);
+            for j in 0..n as usize {
+                let addr = (chunk.base() + bin_offset(kind, index + j)) as u64;
+                if addr != head {
+                    // SAFETY: bins we took, ours alone.
+                    unsafe { bin_at(last) }.next.store_relaxed(addr);
+                    last = addr;
+                }
+            }
+            taken += n;
+            if taken == want || side_by_side {
+                // `side_by_side`: a lone member (no rank after ours), so the free bins it
+                // leaves are nobody's.
                 break;
             }
+            // INV(UA9): the units we hold are free bins on the partial list, after these.
+            let mut next = chunk.next_free_bin(index + n as usize);
             while next.is_none() {
                 let at = chunk.next.load_relaxed();
                 assert!(at != 0, "INV(UA9): fewer free bins than semaphore units");
@@ -542,12 +554,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 next = chunk.next_free_bin(0);
             }
             index = next.unwrap_or_default();
-            chunk.take_bin(index);
-            let addr = (chunk.base() + bin_offset(kind, index)) as u64;
-            // SAFETY: a bin we took, ours alone.
-            unsafe { bin_at(last) }.next.store_relaxed(addr);
-            last = addr;
-            taken += 1;
         }
         group.sync();
         // Phase 3: the highest rank took the last bin in list order; every chunk before its
