@@ -81,8 +81,8 @@ pub enum Takes {
     },
     /// Nothing from this run, and this lane stocks the next one ([`Run::stock`]).
     Stock,
-    /// Another lane stocks the next run: the word's upper bits change when it is done
-    /// ([`Run::wait_for_stock`] with this value).
+    /// Another lane stocks the next run: the word after our add, for
+    /// [`Run::wait_for_stock`].
     Busy(u64),
     /// Memory is short (the word is parked): take the items elsewhere.
     Parked,
@@ -155,16 +155,24 @@ impl Run {
         if parked {
             Takes::Parked
         } else {
-            Takes::Busy(word & !COUNT_MASK)
+            Takes::Busy(word.wrapping_add(k))
         }
     }
 
     /// Wait until the word no longer holds the run (or the empty word) that
-    /// [`Takes::Busy`] reported as `seen`: its stocker has installed the next one, or parked
-    /// the word. Plain loads with back-off; a hint only (the next `take_many` decides).
+    /// [`Takes::Busy`] reported as `seen` (the word after our add): its stocker has installed
+    /// the next one, parked the word or emptied it. Adds only raise the count, so a swap shows
+    /// as other upper bits or a count below ours: a stocker that empties an empty word
+    /// ([`clear`](Self::clear)) changes only the count, and waiters that watched the upper
+    /// bits alone waited for an add that none of them would make. Plain loads with back-off; a
+    /// hint only (the next `take_many` decides).
     pub fn wait_for_stock(&self, seen: u64) {
         let mut backoff = crate::platform::Backoff::new();
-        while self.0.load_relaxed() & !COUNT_MASK == seen {
+        loop {
+            let word = self.0.load_relaxed();
+            if word & !COUNT_MASK != seen & !COUNT_MASK || word & COUNT_MASK < seen & COUNT_MASK {
+                return;
+            }
             backoff.snooze();
         }
     }
@@ -331,7 +339,7 @@ mod tests {
         };
         // The crosser keeps its fourth item from the next run (item 0).
         assert_eq!(run.stock(Some(11), 1, ITEMS), None);
-        assert_ne!(run.0.load_relaxed() & !COUNT_MASK, seen);
+        assert_ne!(run.0.load_relaxed() & !COUNT_MASK, seen & !COUNT_MASK);
         run.wait_for_stock(seen);
         assert_eq!(
             run.take_many(7, ITEMS),
@@ -358,6 +366,24 @@ mod tests {
         // A clear leaves an empty word: its first add stocks at once.
         assert_eq!(run.clear(ITEMS), None);
         assert_eq!(run.take_many(2, ITEMS), Takes::Stock);
+        // A waiter on an empty word whose stocker empties it again (its bins were not fit for
+        // a run) sees the swap, although the upper bits did not change, and its next add
+        // stocks. Watching the upper bits alone, it waited for ever.
+        let Takes::Busy(seen) = run.take_many(3, ITEMS) else {
+            panic!("the first add stocks; the next waits");
+        };
+        assert_eq!(run.clear(ITEMS), None);
+        run.wait_for_stock(seen);
+        assert_eq!(run.take_many(3, ITEMS), Takes::Stock);
+        // Adds of other waiters meanwhile do not end the wait; a stock does.
+        let Takes::Busy(seen) = run.take_many(1, ITEMS) else {
+            panic!("busy while the stocker works");
+        };
+        assert!(matches!(run.take_many(4, ITEMS), Takes::Busy(_)));
+        assert_eq!(run.0.load_relaxed() & !COUNT_MASK, seen & !COUNT_MASK);
+        assert!(run.0.load_relaxed() & COUNT_MASK >= seen & COUNT_MASK);
+        run.stock(Some(3), 3, ITEMS);
+        run.wait_for_stock(seen);
     }
 
     #[test]
