@@ -331,7 +331,7 @@ fn every_class_alone() {
 /// large classes; the small ones not, in this unbounded source), else one bin. The class's
 /// semaphore holds exactly their slots but the one taken, and everything goes back. The plentiful heap's refill is a group's of a large class (a lone
 /// `malloc` there takes a run's slot, `lone_mallocs_take_a_runs_slots_in_order`, and so does
-/// a group of a small class, `groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty`);
+/// a whole warp's group of a small class, `whole_warp_groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty`);
 /// in the scarce one a lone `malloc` refills too, its class's run parked.
 #[test]
 fn refills_carve_several_bins_only_while_chunks_are_plentiful() {
@@ -668,15 +668,14 @@ fn small_heap_groups_share_a_home_refill_of_many_bins() {
     });
 }
 
-/// While chunks are plentiful, a group of a small class whose arena's semaphore holds no unit
-/// for it takes its slots from the arena's run with one add (`ualloc::run`): groups in a row
-/// get neighbouring items; the group whose add passes the middle of the run carves the next
-/// run ahead, and the group whose add crosses the end takes the rest from it, installed with
-/// one swap; the semaphore stays empty. Once frees give the
-/// semaphore units, a group takes those instead (a warm heap's slots stay in use), and
-/// everything goes back.
+/// While chunks are plentiful, a whole warp's group of a small class whose arena's semaphore
+/// holds no unit for it takes its slots from the arena's run with one add (`ualloc::run`):
+/// groups in a row get neighbouring items, after the item a lone `malloc` took first. The group
+/// whose add crosses the end of the run takes all its items from the next run, which it
+/// stocks, and frees the old run's last items, which the semaphore then holds. A group that
+/// finds units takes those (a warm heap's slots stay in use), and everything goes back.
 #[test]
-fn groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty() {
+fn whole_warp_groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty() {
     with_deadline(|| {
         let (arenas, source) = heap(1, 8);
         let ua = ualloc(arenas, &source);
@@ -688,63 +687,53 @@ fn groups_of_a_small_class_take_the_run_when_the_semaphore_is_empty() {
             let size = class.size();
             let items = run_items(class) as usize;
             let slots = class.slots() as usize;
-            // Groups of 24 do not divide a run (a power of two): one crosses its end.
-            let k = 24;
+            let k = 32;
+            // A lone malloc stocks the run and takes item 0; the groups' items start at 1.
+            let lone = ua.malloc(size);
+            adopt_block(&ua, &shadow, lone, size, 1);
             let mut groups: Vec<Vec<*mut u8>> = Vec::new();
-            let mut prepared = 0;
-            while groups.len() * k < items + k {
+            // The last of them crosses the end of the run.
+            for _ in 0..items / k {
                 let mut out = vec![std::ptr::null_mut(); k];
                 assert!(ua.malloc_bulk(size, &mut out), "{class:?}");
                 for &p in &out {
                     adopt_block(&ua, &shadow, p, size, 1);
                 }
                 groups.push(out);
-                let ahead = arenas[0].next_slot_run(class).load_relaxed() as usize;
-                // The group whose add passes the middle of the run carves the next one.
-                let past_middle = groups.len() * k >= items / 2;
-                assert_eq!(
-                    ahead != 0,
-                    past_middle && groups.len() * k <= items,
-                    "{class:?}"
-                );
-                if ahead != 0 {
-                    prepared = ahead << 7;
-                }
             }
-            assert_eq!(arenas[0].slot_counters(class).0, 0, "{class:?}: no unit");
-            let first = groups[0][0] as usize;
-            for (i, &p) in groups.iter().flatten().enumerate().take(items) {
+            let first = lone as usize;
+            let in_run = std::iter::once(lone).chain(groups.iter().flatten().copied());
+            for (i, p) in in_run.enumerate().take(items - (k - 1)) {
                 if i % slots < class.main_slots() as usize {
                     let at = first + (i / slots) * PAGE_SIZE + i % slots * size;
                     assert_eq!(p as usize, at, "{class:?} item {i}");
                 }
             }
-            let crossing = items / k;
-            let n = items - crossing * k;
-            let next = groups[crossing][n] as usize;
+            // The last group crossed the end: its lanes hold the next run's first items, and
+            // the old run's last k - 1 items went to the semaphore.
+            let last = groups.last().unwrap();
+            let next = last[0] as usize;
             let end = first + (items - 1) / slots * PAGE_SIZE + slots * size;
             assert!(next < first || next >= end, "{class:?}: a new run");
-            assert_eq!(next, prepared + 128, "{class:?}: the run carved ahead");
-            for (r, &p) in groups[crossing].iter().enumerate().skip(n) {
-                assert_eq!(p as usize, next + (r - n) * size, "{class:?} lane {r}");
+            for (r, &p) in last.iter().enumerate().take(class.main_slots() as usize) {
+                assert_eq!(p as usize, next + r * size, "{class:?} lane {r}");
             }
-            assert_eq!(groups[crossing + 1][0] as usize, next + (k - n) * size);
+            assert_eq!(arenas[0].slot_counters(class).0, k as u32 - 1, "{class:?}");
             ua.assert_valid();
-            // Frees give the semaphore units: the next group takes those.
-            let freed: BTreeSet<usize> = groups[0].iter().map(|&p| p as usize).collect();
+            // With units there, the next group takes them, not the run's.
+            let mut out = vec![std::ptr::null_mut(); k];
             for &p in &groups[0] {
                 release_block(&ua, &shadow, p, 1);
             }
-            assert_eq!(arenas[0].slot_counters(class).0, k as u32, "{class:?}");
-            let mut out = vec![std::ptr::null_mut(); k];
+            assert_eq!(arenas[0].slot_counters(class).0, 2 * k as u32 - 1);
             assert!(ua.malloc_bulk(size, &mut out));
-            let again: BTreeSet<usize> = out.iter().map(|&p| p as usize).collect();
-            assert_eq!(again, freed, "{class:?}: the freed slots serve first");
+            assert_eq!(arenas[0].slot_counters(class).0, k as u32 - 1, "{class:?}");
             groups[0] = out;
             for &p in &groups[0] {
                 adopt_block(&ua, &shadow, p, size, 2);
             }
             ua.assert_valid();
+            release_block(&ua, &shadow, lone, 1);
             for (g, group) in groups.iter().enumerate() {
                 for &p in group {
                     release_block(&ua, &shadow, p, if g == 0 { 2 } else { 1 });

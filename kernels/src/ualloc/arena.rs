@@ -53,9 +53,6 @@ pub(crate) struct BinList {
     /// the list serves): with every class's run on one line, a fresh fill of mixed 16 B – 4 KB
     /// was 14% slower than without runs for groups (H100).
     pub(crate) run: Run,
-    /// The next run, carved while the run is in use (the first bin's address in 128 B blocks;
-    /// 0: none), which the stock at the run's end installs with one swap (INV(UA18)).
-    pub(crate) next_run: Atomic64,
 }
 
 /// Per size class.
@@ -180,7 +177,6 @@ impl Arena {
                     pending: PendingStack::new(),
                     home_refill: SingleFlight::new(),
                     run: Run::new(),
-                    next_run: Atomic64::new(0),
                 }),
             }),
             kinds: core::array::from_fn(|_| KindState {
@@ -230,13 +226,6 @@ impl Arena {
     #[inline(always)]
     pub fn slot_run(&self, class: SizeClass) -> &Run {
         &self.class(class).list.0.run
-    }
-
-    /// The next run of slots of `class`, carved ahead (`ualloc::run`): its first bin's
-    /// address in 128 B blocks, 0 when none.
-    #[inline(always)]
-    pub fn next_slot_run(&self, class: SizeClass) -> &Atomic64 {
-        &self.class(class).list.0.next_run
     }
 
     /// Chunks this arena owns (a snapshot).
