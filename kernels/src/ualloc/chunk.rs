@@ -259,7 +259,7 @@ impl ChunkHeader {
             self.free_bins[w].fetch_and_relaxed(!mask);
             taken += n;
             at += n as usize;
-            if at % WORD_BITS != 0 {
+            if !at.is_multiple_of(WORD_BITS) {
                 break;
             }
         }
