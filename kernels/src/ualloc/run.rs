@@ -51,8 +51,8 @@ const MAX_JOINS: u32 = 4;
 /// The most bins one run of a small class carves (128 KB).
 const RUN_MAX_BINS: u32 = 32;
 
-/// Bins a run of `class` carves: a small class's [`RUN_ITEMS`] slots, at most
-/// [`RUN_MAX_BINS`] (16 B: 16 bins, 32 B and 64 B: 32, 128 B: 32); one bin of a large class.
+/// Bins a run of `class` carves: a small class's 4096 slots (`RUN_ITEMS`), at most 32 bins
+/// (`RUN_MAX_BINS`; 16 B: 16 bins, 32 B and 64 B: 32, 128 B: 32); one bin of a large class.
 #[inline(always)]
 pub const fn run_bins(class: SizeClass) -> u32 {
     match class.kind() {
