@@ -71,8 +71,8 @@ pub enum Take {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Takes {
     /// Items `first..first + n` of the run at `base` are ours (`1 <= n <= k`). `stock`: our
-    /// add used the run up, so this lane stocks the next run (and takes its other `k - n`
-    /// items from it).
+    /// add crossed the end of the run, so this lane stocks the next run (UAlloc's groups take
+    /// all `k` items from it and free these `n`).
     Items {
         base: u64,
         first: u32,

@@ -336,8 +336,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             }
             return true;
         }
-        let mut assigned = 0;
         let mut claimer = ListClaimer::new(&self.arenas[(at >> 1) as usize], class);
+        let mut assigned = 0;
         while assigned < k {
             let (bin, word, bits) = claimer.next(k - assigned);
             let mut rest = bits;
@@ -379,9 +379,10 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     ///
     /// The run comes after the semaphore, not before: a warm heap's freed slots are the
     /// semaphore's, and a run taken first would carve new bins while they wait. Only groups of
-    /// RUN_GROUP lanes or more take from the runs: a fresh fill of mixed 16 B – 4 KB, whose
-    /// warps ask for each class with a few lanes, was 17% slower with runs for every group
-    /// and 10% slower with runs for groups of 16 lanes or more (H100).
+    /// [`RUN_GROUP`] lanes take from the runs: with runs carved ahead, a fresh fill of mixed
+    /// 16 B – 4 KB (a few lanes per class and warp) was 17% slower with runs for every group
+    /// and 10% slower for groups of 16 lanes or more; without them, groups of 16 or more and
+    /// whole warps measured the same (H100, `docs/benchmarks.md`, 2026-11-26i).
     #[cold]
     #[inline(never)]
     fn find_group_slots_after(&self, miss: Miss, ai: usize, class: SizeClass, k: u32) -> u64 {
@@ -491,7 +492,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// loop runs the same number of times on every lane because `assigned` only changes by
     /// broadcast values.
     ///
-    /// A group of a small class whose arena has no units for it takes its slots from the
+    /// A whole warp of a small class whose arena has no units for it takes its slots from the
     /// arena's run instead ([`IN_RUNS`], `ualloc::run`).
     #[inline(never)]
     fn alloc_fast_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
