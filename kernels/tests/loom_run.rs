@@ -180,6 +180,34 @@ mod groups {
         }
     }
 
+    /// Two groups of two take from `run` side by side: thread 1 empties the word when it
+    /// stocks, thread 2 installs run 20. Then a trim flushes. Returns every item handed out
+    /// or given back, sorted.
+    fn two_groups_take(run: &Arc<Run>) -> Vec<u64> {
+        let handles: Vec<_> = [None, Some(20u64)]
+            .into_iter()
+            .map(|next| {
+                let run = run.clone();
+                thread::spawn(move || {
+                    let mut seen = Seen::default();
+                    seen.take(&run, 2, next);
+                    seen
+                })
+            })
+            .collect();
+        let mut all: Vec<Seen> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let mut last = Seen::default();
+        last.give_back(run.flush(ITEMS));
+        all.push(last);
+        let mut out: Vec<u64> = Vec::new();
+        for seen in &all {
+            out.extend(&seen.items);
+            out.extend(&seen.given_back);
+        }
+        out.sort_unstable();
+        out
+    }
+
     /// A run with one item left; two groups of two take side by side. Thread 1's add, if it
     /// crosses the end or finds the word empty, empties the word (its bins were not fit for a
     /// run); thread 2 installs run 20. Whoever waits for the other's stock must see the swap,
@@ -192,31 +220,12 @@ mod groups {
             let run = Arc::new(Run::new());
             assert_eq!(run.take_many(3, ITEMS), Takes::Stock);
             assert_eq!(run.stock(Some(10), 3, ITEMS), None);
-            let handles: Vec<_> = [None, Some(20u64)]
-                .into_iter()
-                .map(|next| {
-                    let run = run.clone();
-                    thread::spawn(move || {
-                        let mut seen = Seen::default();
-                        seen.take(&run, 2, next);
-                        seen
-                    })
-                })
-                .collect();
-            let mut all: Vec<Seen> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-            let mut last = Seen::default();
-            last.give_back(run.flush(ITEMS));
-            all.push(last);
-
+            let mut out = two_groups_take(&run);
             let mut runs = vec![10u64];
-            let mut out: Vec<u64> = (0..3).map(|i| 1000 + i).collect();
-            for seen in &all {
-                if seen.items.contains(&2000) {
-                    runs.push(20);
-                }
-                out.extend(&seen.items);
-                out.extend(&seen.given_back);
+            if out.contains(&2000) {
+                runs.push(20);
             }
+            out.extend((0..3).map(|i| 1000 + i));
             out.sort_unstable();
             let mut want: Vec<u64> = runs
                 .iter()
@@ -236,27 +245,7 @@ mod groups {
     fn a_waiter_sees_an_empty_word_emptied_again() {
         loom::model(|| {
             let run = Arc::new(Run::new());
-            let handles: Vec<_> = [None, Some(20u64)]
-                .into_iter()
-                .map(|next| {
-                    let run = run.clone();
-                    thread::spawn(move || {
-                        let mut seen = Seen::default();
-                        seen.take(&run, 2, next);
-                        seen
-                    })
-                })
-                .collect();
-            let mut all: Vec<Seen> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-            let mut last = Seen::default();
-            last.give_back(run.flush(ITEMS));
-            all.push(last);
-            let mut out: Vec<u64> = Vec::new();
-            for seen in &all {
-                out.extend(&seen.items);
-                out.extend(&seen.given_back);
-            }
-            out.sort_unstable();
+            let out = two_groups_take(&run);
             // Thread 2 always installs run 20 (thread 1 never takes items): all of its items
             // are accounted for once.
             let want: Vec<u64> = (0..ITEMS as u64).map(|i| 2000 + i).collect();
