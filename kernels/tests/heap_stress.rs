@@ -9,7 +9,6 @@ use std::sync::{Arc, Barrier, Mutex, mpsc};
 
 use toga_kernels::heap::{DeviceHeap, Geometry, HeapHeader, stat};
 use toga_kernels::pattern;
-use toga_kernels::tbuddy::run::RUN_BLOCKS;
 use toga_kernels::ualloc::{CHUNK_SIZE, MAX_SMALL_SIZE};
 
 /// A heap in host memory, laid out exactly as on the GPU.
@@ -1027,10 +1026,11 @@ fn small_fills_take_back_what_the_runs_hold() {
             unsafe { heap.free(p) };
         }
     }
-    let left = (RUN_BLOCKS - 1) as u64;
+    let (b8, b16) = (heap.run_blocks(1) as u64, heap.run_blocks(2) as u64);
+    assert!(b8 >= 4 && b16 >= 4, "this heap has runs of both orders");
     assert_eq!(
         heap_reserved(&h),
-        (2 * left * (8 + 16)) << 10,
+        (2 * ((b8 - 1) * 8 + (b16 - 1) * 16)) << 10,
         "each run holds all but one of its blocks"
     );
     toga_kernels::platform::set_sm_id(0);

@@ -10,9 +10,12 @@ use loom::sync::Arc;
 use loom::thread;
 
 use toga_kernels::tbuddy::PAGE_SHIFT;
-use toga_kernels::tbuddy::run::{BlockRun, Leftover, RUN_BLOCKS, Take};
+use toga_kernels::tbuddy::run::{BlockRun, Leftover, Take};
 
 const SHIFT: u32 = PAGE_SHIFT + 1;
+/// log2 of the blocks in a run of these models (a heap's runs hold 4 to 128).
+const L: u32 = 4;
+const RUN_BLOCKS: u32 = 1 << L;
 const RUN_BYTES: u64 = (RUN_BLOCKS as u64) << SHIFT;
 
 /// What one thread saw: blocks handed to it and blocks its swaps gave back.
@@ -34,10 +37,10 @@ impl Seen {
     /// One large `malloc` of a lone lane; `next_run`: where a run this lane stocks starts
     /// (`None`: it finds no memory and parks the word).
     fn take(&mut self, run: &BlockRun, next_run: Option<u64>) {
-        match run.take(SHIFT) {
+        match run.take(SHIFT, L) {
             Take::Block(b) => self.blocks.push(b),
             Take::Stock => {
-                let left = run.stock(next_run, SHIFT);
+                let left = run.stock(next_run, SHIFT, L);
                 self.give_back(left);
                 // The stocker keeps the run's first block.
                 self.blocks.extend(next_run);
@@ -56,10 +59,10 @@ fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
     loom::model(|| {
         let run = Arc::new(BlockRun::new());
         // Setup: run 0 installed, all but its last block handed out.
-        assert_eq!(run.take(SHIFT), Take::Stock);
-        assert_eq!(run.stock(Some(0), SHIFT), None);
+        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        assert_eq!(run.stock(Some(0), SHIFT, L), None);
         for _ in 2..RUN_BLOCKS {
-            assert!(matches!(run.take(SHIFT), Take::Block(_)));
+            assert!(matches!(run.take(SHIFT, L), Take::Block(_)));
         }
         let mut handles = Vec::new();
         for t in 1..=2u64 {
@@ -76,7 +79,7 @@ fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
             let run = run.clone();
             thread::spawn(move || {
                 let mut seen = Seen::default();
-                seen.give_back(run.flush(SHIFT));
+                seen.give_back(run.flush(SHIFT, L));
                 seen
             })
         };
@@ -84,7 +87,7 @@ fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
         all.push(flusher.join().unwrap());
         // The last trim.
         let mut last = Seen::default();
-        last.give_back(run.flush(SHIFT));
+        last.give_back(run.flush(SHIFT, L));
         all.push(last);
 
         // Every run that was installed: run 0, and each stocker's (its first block).

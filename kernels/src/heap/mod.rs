@@ -25,7 +25,7 @@ use core::ptr;
 use crate::collective::Group;
 use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
-use crate::tbuddy::run::{Leftover, RUN_LEVELS, RUN_ORDERS, Take};
+use crate::tbuddy::run::{self as block_run, Leftover, RUN_ORDERS, Take};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 use crate::ualloc::{
     Arena, CHUNK_SHIFT, CHUNK_SIZE, ChunkSource, FreeOutcome, MAX_SMALL_SIZE, OOM_RETRIES,
@@ -846,31 +846,36 @@ impl<'a> DeviceHeap<'a> {
     }
 
     /// A block of `order` (in `RUN_ORDERS`) for a lone lane, from its SM's run: one add, and
-    /// once per `RUN_BLOCKS` blocks a split of one block of the tree into a new run
-    /// (`tbuddy::run`). Runs are stocked only while a quarter of the tree stays free after
-    /// the split, the bound of the group path (`TBuddy::alloc_together`): nearer the end of
-    /// memory every lone lane goes to the tree. The run's pages are counted as reserved when
-    /// it is stocked. `None`: take the block from the tree.
+    /// once per run a split of one block of the tree into a new run of
+    /// [`run_blocks`](Self::run_blocks) blocks (`tbuddy::run`). Runs are stocked only while a
+    /// quarter of the tree stays free after the split, the bound of the group path
+    /// (`TBuddy::alloc_together`): nearer the end of memory every lone lane goes to the tree.
+    /// The run's pages are counted as reserved when it is stocked. `None`: take the block from
+    /// the tree (also in a heap too small for runs of `order`).
     #[inline(never)]
     fn alloc_from_run(&self, order: u32) -> Option<u64> {
+        let levels = self.run_levels(order);
+        if levels == 0 {
+            return None;
+        }
         let arena = &self.arenas[platform::sm_id() as usize % self.arenas.len()];
         let run = arena.run(order);
         let shift = order + PAGE_SHIFT;
-        match run.take(shift) {
+        match run.take(shift, levels) {
             Take::Block(offset) => Some(offset),
             Take::Elsewhere => None,
             Take::Stock => {
-                let run_pages = 1u64 << (order + RUN_LEVELS);
+                let run_pages = 1u64 << (order + levels);
                 let plenty = self.buddy.free_pages() >= self.buddy.usable_pages() / 4 + run_pages;
                 let first = if plenty {
-                    self.buddy.alloc_split(order, RUN_LEVELS)
+                    self.buddy.alloc_split(order, levels)
                 } else {
                     None
                 };
                 if first.is_some() {
                     add_reserved(self.header, run_pages << PAGE_SHIFT);
                 }
-                if let Some(left) = run.stock(first, shift) {
+                if let Some(left) = run.stock(first, shift, levels) {
                     self.give_back(left, order);
                 }
                 if first.is_some() {
@@ -880,6 +885,21 @@ impl<'a> DeviceHeap<'a> {
                 }
                 first
             }
+        }
+    }
+
+    /// log2 of the blocks in a run of `order` in this heap (`tbuddy::run::run_levels`; 0: no
+    /// runs of that order), from the view's lengths (data pages, arenas): no header load.
+    #[inline(always)]
+    fn run_levels(&self, order: u32) -> u32 {
+        block_run::run_levels(self.large.len() as u64, self.arenas.len() as u64, order)
+    }
+
+    /// Blocks in a run of `order` in this heap (0: no runs of that order).
+    pub fn run_blocks(&self, order: u32) -> u32 {
+        match self.run_levels(order) {
+            0 => 0,
+            levels => 1 << levels,
         }
     }
 
@@ -902,7 +922,11 @@ impl<'a> DeviceHeap<'a> {
         let mut flushed = 0;
         for arena in self.arenas {
             for order in RUN_ORDERS {
-                if let Some(left) = arena.run(order).flush(order + PAGE_SHIFT) {
+                let levels = self.run_levels(order);
+                if levels == 0 {
+                    continue;
+                }
+                if let Some(left) = arena.run(order).flush(order + PAGE_SHIFT, levels) {
                     self.give_back(left, order);
                     flushed += 1;
                 }

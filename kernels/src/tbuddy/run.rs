@@ -1,4 +1,4 @@
-//! Runs of large blocks: [`RUN_BLOCKS`] blocks of one order that one
+//! Runs of large blocks: up to [`MAX_RUN_BLOCKS`] blocks of one order that one
 //! [`TBuddy::alloc_split`](super::TBuddy::alloc_split) took side by side, handed out one at a
 //! time with one atomic add on a single word (a [`Run`](crate::run::Run) whose base is the
 //! run's first page).
@@ -8,7 +8,13 @@
 //! `TBuddy::alloc_together`). A lone lane's climb of the tree is a chain of dependent
 //! atomics and fences: ncu found 13 MEMBARs and 18 L1 invalidations per large request of one
 //! thread's mallocs (`docs/benchmarks.md`). From a run it costs one add, and the climb is paid
-//! once per [`RUN_BLOCKS`] blocks.
+//! once per run.
+//!
+//! How many blocks a run holds depends on the heap ([`run_levels`]): the runs of one order on
+//! every SM together hold at most 1/[`RUN_SHARE`] of the heap's pages, and at most
+//! [`MAX_RUN_BLOCKS`] blocks each; a heap too small for runs of [`MIN_RUN_LEVELS`] has none of
+//! that order. In a 4 GiB heap on an H100 (132 SMs) a run holds 128 blocks (1 MiB of 8 KiB
+//! blocks, 2 MiB of 16 KiB); in 1 GiB 64 and 32; in 64 MiB four 8 KiB blocks and no 16 KiB run.
 //!
 //! Each block of a run is a live block of its own in the tree (`alloc_split` leaves its inner
 //! nodes Partial), so a block from a run is freed like any other and coalesces. Blocks a run
@@ -19,13 +25,33 @@
 use crate::run::{self, Run};
 use crate::tbuddy::PAGE_SHIFT;
 
-/// log2 of the blocks in a run. 16 blocks: one thread's mallocs of 1-8192 B spent a fifth of
-/// their stall samples in the stocks' climbs of the tree with eight (ncu, H100).
-pub const RUN_LEVELS: u32 = 4;
-/// Blocks in a run.
-pub const RUN_BLOCKS: u32 = 1 << RUN_LEVELS;
-/// The orders served from runs: `RUN_ORDERS.start..RUN_ORDERS.end` (8 KiB and 16 KiB blocks:
-/// one run holds 128 or 256 KiB).
+/// log2 of the most blocks in a run. One thread's mallocs of 1-8192 B (half of them 8 KiB
+/// blocks from runs) took 2.33 µs per call with runs of 16 blocks, 2.13 with 32, 2.03 with 64
+/// and 1.96 with 128; every stock is a climb of the tree (H100, `docs/benchmarks.md`).
+pub const MAX_RUN_LEVELS: u32 = 7;
+/// The most blocks in a run.
+pub const MAX_RUN_BLOCKS: u32 = 1 << MAX_RUN_LEVELS;
+/// log2 of the fewest blocks a run is worth: a heap whose share allows fewer has no runs of
+/// that order, and its lone lanes take their blocks from the tree.
+pub const MIN_RUN_LEVELS: u32 = 2;
+/// The runs of one order on all SMs hold at most 1/`RUN_SHARE` of the heap's pages.
+pub const RUN_SHARE: u64 = 8;
+
+/// log2 of the blocks of order `order` in a run of a heap of `pages` pages with `arenas` SMs:
+/// the most with `arenas × RUN_SHARE × 2^(order + levels) ≤ pages`, at most
+/// [`MAX_RUN_LEVELS`]; 0 (no runs of this order) below [`MIN_RUN_LEVELS`]. Shifts and
+/// compares only (no division on the lone lane's path).
+#[inline(always)]
+pub fn run_levels(pages: u64, arenas: u64, order: u32) -> u32 {
+    let budget = arenas * RUN_SHARE;
+    let mut levels = MAX_RUN_LEVELS;
+    while levels >= MIN_RUN_LEVELS && budget << (order + levels) > pages {
+        levels -= 1;
+    }
+    if levels < MIN_RUN_LEVELS { 0 } else { levels }
+}
+
+/// The orders served from runs: `RUN_ORDERS.start..RUN_ORDERS.end` (8 KiB and 16 KiB blocks).
 pub const RUN_ORDERS: core::ops::Range<u32> = 1..3;
 /// Runs per SM.
 pub const RUNS: usize = (RUN_ORDERS.end - RUN_ORDERS.start) as usize;
@@ -64,10 +90,11 @@ impl BlockRun {
         Self(Run::new())
     }
 
-    /// Take the next block of the run of blocks of `2^block_shift` bytes: one add.
+    /// Take the next block of the run of `2^levels` blocks of `2^block_shift` bytes: one add.
+    /// Every call on one word passes the same `levels` (the heap's, [`run_levels`]).
     #[inline(always)]
-    pub fn take(&self, block_shift: u32) -> Take {
-        match self.0.take(RUN_BLOCKS) {
+    pub fn take(&self, block_shift: u32, levels: u32) -> Take {
+        match self.0.take(1 << levels) {
             run::Take::Item { base, index } => {
                 Take::Block((base << PAGE_SHIFT) + ((index as u64) << block_shift))
             }
@@ -80,16 +107,16 @@ impl BlockRun {
     /// (`None`: no memory for a run; the word is parked, `crate::run`); the stocker keeps the
     /// run's first block. Returns the blocks of the run this swap took out that nobody was
     /// handed.
-    pub fn stock(&self, first: Option<u64>, block_shift: u32) -> Option<Leftover> {
+    pub fn stock(&self, first: Option<u64>, block_shift: u32, levels: u32) -> Option<Leftover> {
         let left = self
             .0
-            .stock(first.map(|offset| offset >> PAGE_SHIFT), 1, RUN_BLOCKS);
+            .stock(first.map(|offset| offset >> PAGE_SHIFT), 1, 1 << levels);
         left.map(|l| Self::blocks(l, block_shift))
     }
 
     /// Take the run out of its word (a trim): the blocks nobody was handed, to give back.
-    pub fn flush(&self, block_shift: u32) -> Option<Leftover> {
-        let left = self.0.flush(RUN_BLOCKS);
+    pub fn flush(&self, block_shift: u32, levels: u32) -> Option<Leftover> {
+        let left = self.0.flush(1 << levels);
         left.map(|l| Self::blocks(l, block_shift))
     }
 
@@ -112,54 +139,79 @@ mod tests {
     use super::*;
 
     const SHIFT: u32 = PAGE_SHIFT + 1;
+    const L: u32 = MAX_RUN_LEVELS;
+    const RUN_BLOCKS: u32 = MAX_RUN_BLOCKS;
+
+    #[test]
+    fn run_levels_follow_the_heap() {
+        // 4 GiB, 1 GiB, 64 MiB and 8 MiB of 4 KiB pages on 132 SMs.
+        let levels = |pages: u64| [1, 2].map(|order| run_levels(pages, 132, order));
+        assert_eq!(levels(1 << 20), [7, 7]);
+        assert_eq!(levels(1 << 18), [6, 5]);
+        assert_eq!(levels(1 << 14), [2, 0]);
+        assert_eq!(levels(1 << 11), [0, 0]);
+        // The share holds at every size: all SMs' runs of one order within 1/RUN_SHARE.
+        for pages in (20..48).map(|k| (1u64 << (k / 2)) | k as u64) {
+            for order in RUN_ORDERS {
+                let l = run_levels(pages, 132, order);
+                let fits = |l: u32| (132 * RUN_SHARE) << (order + l) <= pages;
+                if l == 0 {
+                    assert!(!fits(MIN_RUN_LEVELS));
+                } else {
+                    assert!((MIN_RUN_LEVELS..=MAX_RUN_LEVELS).contains(&l) && fits(l));
+                    assert!(l == MAX_RUN_LEVELS || !fits(l + 1), "the most that fit");
+                }
+            }
+        }
+    }
 
     #[test]
     fn an_empty_word_asks_its_first_taker_to_stock() {
         let run = BlockRun::new();
-        assert_eq!(run.take(SHIFT), Take::Stock);
-        assert_eq!(run.take(SHIFT), Take::Elsewhere);
+        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        assert_eq!(run.take(SHIFT, L), Take::Elsewhere);
         // The stocker installs a run at 1 MiB and keeps its first block; the late adds above
         // are forgotten.
-        assert_eq!(run.stock(Some(1 << 20), SHIFT), None);
+        assert_eq!(run.stock(Some(1 << 20), SHIFT, L), None);
         for i in 1..RUN_BLOCKS as u64 {
-            assert_eq!(run.take(SHIFT), Take::Block((1 << 20) + (i << SHIFT)));
+            assert_eq!(run.take(SHIFT, L), Take::Block((1 << 20) + (i << SHIFT)));
         }
-        assert_eq!(run.take(SHIFT), Take::Stock);
-        assert_eq!(run.take(SHIFT), Take::Elsewhere);
+        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        assert_eq!(run.take(SHIFT, L), Take::Elsewhere);
     }
 
     #[test]
     fn a_swap_gives_back_exactly_the_blocks_nobody_took() {
         let run = BlockRun::new();
-        assert_eq!(run.take(SHIFT), Take::Stock);
-        run.stock(Some(0), SHIFT);
-        assert_eq!(run.take(SHIFT), Take::Block(1 << SHIFT));
-        assert_eq!(run.take(SHIFT), Take::Block(2 << SHIFT));
+        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        run.stock(Some(0), SHIFT, L);
+        assert_eq!(run.take(SHIFT, L), Take::Block(1 << SHIFT));
+        assert_eq!(run.take(SHIFT, L), Take::Block(2 << SHIFT));
         // A second stocker (after a flush raced a stock) displaces the run: blocks 3.. back.
         assert_eq!(
-            run.stock(Some(1 << 30), SHIFT),
+            run.stock(Some(1 << 30), SHIFT, L),
             Some(Leftover {
                 first: 3 << SHIFT,
                 count: RUN_BLOCKS - 3
             })
         );
         assert_eq!(
-            run.flush(SHIFT),
+            run.flush(SHIFT, L),
             Some(Leftover {
                 first: (1 << 30) + (1 << SHIFT),
                 count: RUN_BLOCKS - 1
             })
         );
-        assert_eq!(run.flush(SHIFT), None);
+        assert_eq!(run.flush(SHIFT, L), None);
         // A used-up run has nothing to give back.
-        run.stock(Some(0), SHIFT);
+        run.stock(Some(0), SHIFT, L);
         for _ in 1..RUN_BLOCKS + 3 {
-            run.take(SHIFT);
+            run.take(SHIFT, L);
         }
-        assert_eq!(run.flush(SHIFT), None);
+        assert_eq!(run.flush(SHIFT, L), None);
         // Scarce memory: the stocker installs no run, and the next takers go to the tree.
-        assert_eq!(run.take(SHIFT), Take::Stock);
-        assert_eq!(run.stock(None, SHIFT), None);
-        assert_eq!(run.take(SHIFT), Take::Elsewhere);
+        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        assert_eq!(run.stock(None, SHIFT, L), None);
+        assert_eq!(run.take(SHIFT, L), Take::Elsewhere);
     }
 }
