@@ -53,6 +53,22 @@ pub const MAX_ITEMS: u32 = 1 << 16;
 /// The most items one add may take (a warp).
 pub const MAX_TAKE: u32 = 32;
 const _: () = assert!((MAX_ITEMS as u64) < CEILING && RECHECK < CEILING);
+
+/// How many items the run at a base holds (at most [`MAX_ITEMS`]): one count for every run
+/// of a word (a `u32`), or a count that the stocker folded into the base itself
+/// (`tbuddy::run`, whose runs' size depends on the heap), so that a taker learns it from the
+/// word its add returns.
+pub trait RunItems: Copy {
+    /// The items of the run at `base`.
+    fn of(self, base: u64) -> u32;
+}
+
+impl RunItems for u32 {
+    #[inline(always)]
+    fn of(self, _base: u64) -> u32 {
+        self
+    }
+}
 const _: () = assert!(CEILING + 2048 * MAX_TAKE as u64 <= COUNT_MASK);
 
 /// What [`Run::take`] found.
@@ -109,7 +125,7 @@ impl Run {
 
     /// Take the next of a run of `items` (at most [`MAX_ITEMS`]): one add.
     #[inline(always)]
-    pub fn take(&self, items: u32) -> Take {
+    pub fn take(&self, items: impl RunItems) -> Take {
         match self.take_many(1, items) {
             Takes::Items { base, first, .. } => Take::Item { base, index: first },
             Takes::Stock => Take::Stock,
@@ -120,13 +136,17 @@ impl Run {
     /// Take the next `k` (`1..=MAX_TAKE`) of a run of `items` (at most [`MAX_ITEMS`]): one
     /// add. Every taker of a word must pass the same `items`.
     #[inline(always)]
-    pub fn take_many(&self, k: u32, items: u32) -> Takes {
-        debug_assert!((1..=MAX_ITEMS).contains(&items) && (1..=MAX_TAKE).contains(&k));
-        let (k, items) = (k as u64, items as u64);
+    pub fn take_many(&self, k: u32, items: impl RunItems) -> Takes {
+        debug_assert!((1..=MAX_TAKE).contains(&k));
+        let k = k as u64;
         // Acquire: pairs with the swap that installed the run (what its stocker wrote about
         // the items, before we use ours).
         let word = self.0.fetch_add_acquire(k);
         let (base, taken) = (word >> TAKEN_BITS, word & COUNT_MASK);
+        // Only a run's items matter (below, `stock_at` of a word with a run).
+        let items = if base != 0 { items.of(base - 1) } else { 0 };
+        debug_assert!(base == 0 || (1..=MAX_ITEMS).contains(&items));
+        let items = items as u64;
         if base != 0 && taken < items {
             return Takes::Items {
                 base: base - 1,
@@ -180,10 +200,10 @@ impl Run {
     /// Install the run at `base` (at most [`MAX_BASE`]) of `items` items, whose items
     /// `0..kept` the stocker keeps (`1 <= kept <= items`); `None`: park the word (no memory
     /// for a run). Returns the items of the run this swap took out that nobody was handed.
-    pub fn stock(&self, base: Option<u64>, kept: u32, items: u32) -> Option<Leftover> {
+    pub fn stock(&self, base: Option<u64>, kept: u32, items: impl RunItems) -> Option<Leftover> {
         let word = match base {
             Some(base) => {
-                debug_assert!(base <= MAX_BASE && (1..=items).contains(&kept));
+                debug_assert!(base <= MAX_BASE && (1..=items.of(base)).contains(&kept));
                 (base + 1) << TAKEN_BITS | kept as u64
             }
             // One add counted, so that the RECHECK-th add looks again.
@@ -197,14 +217,14 @@ impl Run {
     /// Empty the word (no run, not parked): the next add stocks. Returns the items of the
     /// run this swap took out that nobody was handed. For a stocker whose memory was not fit
     /// for a run but may be again soon.
-    pub fn clear(&self, items: u32) -> Option<Leftover> {
+    pub fn clear(&self, items: impl RunItems) -> Option<Leftover> {
         // Acq_rel: as in `stock`.
         Self::leftover(self.0.swap_acq_rel(0), items)
     }
 
     /// Take the run out of its word (a trim): the items nobody was handed, to give back. A
     /// parked word is emptied too, so that the next `take` looks for memory at once.
-    pub fn flush(&self, items: u32) -> Option<Leftover> {
+    pub fn flush(&self, items: impl RunItems) -> Option<Leftover> {
         // Relaxed: a hint; a run that a `stock` installs after it is the next trim's.
         if self.0.load_relaxed() == 0 {
             return None;
@@ -212,9 +232,13 @@ impl Run {
         self.clear(items)
     }
 
-    fn leftover(word: u64, items: u32) -> Option<Leftover> {
+    fn leftover(word: u64, items: impl RunItems) -> Option<Leftover> {
         let (base, taken) = (word >> TAKEN_BITS, word & COUNT_MASK);
-        if base == 0 || taken >= items as u64 {
+        if base == 0 {
+            return None;
+        }
+        let items = items.of(base - 1);
+        if taken >= items as u64 {
             return None;
         }
         Some(Leftover {

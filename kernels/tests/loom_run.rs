@@ -37,7 +37,7 @@ impl Seen {
     /// One large `malloc` of a lone lane; `next_run`: where a run this lane stocks starts
     /// (`None`: it finds no memory and parks the word).
     fn take(&mut self, run: &BlockRun, next_run: Option<u64>) {
-        match run.take(SHIFT, L) {
+        match run.take(SHIFT) {
             Take::Block(b) => self.blocks.push(b),
             Take::Stock => {
                 let left = run.stock(next_run, SHIFT, L);
@@ -59,10 +59,10 @@ fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
     loom::model(|| {
         let run = Arc::new(BlockRun::new());
         // Setup: run 0 installed, all but its last block handed out.
-        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        assert_eq!(run.take(SHIFT), Take::Stock);
         assert_eq!(run.stock(Some(0), SHIFT, L), None);
         for _ in 2..RUN_BLOCKS {
-            assert!(matches!(run.take(SHIFT, L), Take::Block(_)));
+            assert!(matches!(run.take(SHIFT), Take::Block(_)));
         }
         let mut handles = Vec::new();
         for t in 1..=2u64 {
@@ -79,7 +79,7 @@ fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
             let run = run.clone();
             thread::spawn(move || {
                 let mut seen = Seen::default();
-                seen.give_back(run.flush(SHIFT, L));
+                seen.give_back(run.flush(SHIFT));
                 seen
             })
         };
@@ -87,7 +87,7 @@ fn takes_stocks_and_a_flush_hand_out_or_give_back_every_block_once() {
         all.push(flusher.join().unwrap());
         // The last trim.
         let mut last = Seen::default();
-        last.give_back(run.flush(SHIFT, L));
+        last.give_back(run.flush(SHIFT));
         all.push(last);
 
         // Every run that was installed: run 0, and each stocker's (its first block).

@@ -851,22 +851,21 @@ impl<'a> DeviceHeap<'a> {
     /// quarter of the tree stays free after the split, the bound of the group path
     /// (`TBuddy::alloc_together`): nearer the end of memory every lone lane goes to the tree.
     /// The run's pages are counted as reserved when it is stocked. `None`: take the block from
-    /// the tree (also in a heap too small for runs of `order`).
+    /// the tree (also in a heap too small for runs of `order`, whose words stay parked).
     #[inline(never)]
     fn alloc_from_run(&self, order: u32) -> Option<u64> {
-        let levels = self.run_levels(order);
-        if levels == 0 {
-            return None;
-        }
         let arena = &self.arenas[platform::sm_id() as usize % self.arenas.len()];
         let run = arena.run(order);
         let shift = order + PAGE_SHIFT;
-        match run.take(shift, levels) {
+        match run.take(shift) {
             Take::Block(offset) => Some(offset),
             Take::Elsewhere => None,
             Take::Stock => {
+                // A heap too small for runs of this order parks the word (levels 0).
+                let levels = self.run_levels(order);
                 let run_pages = 1u64 << (order + levels);
-                let plenty = self.buddy.free_pages() >= self.buddy.usable_pages() / 4 + run_pages;
+                let plenty = levels != 0
+                    && self.buddy.free_pages() >= self.buddy.usable_pages() / 4 + run_pages;
                 let first = if plenty {
                     self.buddy.alloc_split(order, levels)
                 } else {
@@ -922,11 +921,7 @@ impl<'a> DeviceHeap<'a> {
         let mut flushed = 0;
         for arena in self.arenas {
             for order in RUN_ORDERS {
-                let levels = self.run_levels(order);
-                if levels == 0 {
-                    continue;
-                }
-                if let Some(left) = arena.run(order).flush(order + PAGE_SHIFT, levels) {
+                if let Some(left) = arena.run(order).flush(order + PAGE_SHIFT) {
                     self.give_back(left, order);
                     flushed += 1;
                 }

@@ -90,41 +90,78 @@ impl BlockRun {
         Self(Run::new())
     }
 
-    /// Take the next block of the run of `2^levels` blocks of `2^block_shift` bytes: one add.
-    /// Every call on one word passes the same `levels` (the heap's, [`run_levels`]).
+    /// Take the next block of the run (of blocks of `2^block_shift` bytes): one add. The
+    /// run's size comes back with the add, in the low bits of its first page ([`Sized`]): no
+    /// lookup of the heap's size on this path.
     #[inline(always)]
-    pub fn take(&self, block_shift: u32, levels: u32) -> Take {
-        match self.0.take(1 << levels) {
+    pub fn take(&self, block_shift: u32) -> Take {
+        match self.0.take(Sized) {
             run::Take::Item { base, index } => {
-                Take::Block((base << PAGE_SHIFT) + ((index as u64) << block_shift))
+                Take::Block(Sized::offset(base) + ((index as u64) << block_shift))
             }
             run::Take::Stock => Take::Stock,
             run::Take::Elsewhere => Take::Elsewhere,
         }
     }
 
-    /// Install the run whose blocks of `2^block_shift` bytes start at byte offset `first`
-    /// (`None`: no memory for a run; the word is parked, `crate::run`); the stocker keeps the
-    /// run's first block. Returns the blocks of the run this swap took out that nobody was
-    /// handed.
+    /// Install the run of `2^levels` blocks (`MIN_RUN_LEVELS..=MAX_RUN_LEVELS`) of
+    /// `2^block_shift` bytes whose first starts at byte offset `first`, aligned to the run's
+    /// size, as `alloc_split` gives it (`None`: no memory for a run; the word is parked,
+    /// `crate::run`); the stocker keeps the run's first block. Returns the blocks of the run
+    /// this swap took out that nobody was handed.
     pub fn stock(&self, first: Option<u64>, block_shift: u32, levels: u32) -> Option<Leftover> {
-        let left = self
-            .0
-            .stock(first.map(|offset| offset >> PAGE_SHIFT), 1, 1 << levels);
+        let base = first.map(|offset| {
+            debug_assert!((MIN_RUN_LEVELS..=MAX_RUN_LEVELS).contains(&levels));
+            debug_assert!(offset.is_multiple_of(1 << (block_shift + levels)));
+            Sized::base(offset, levels)
+        });
+        let left = self.0.stock(base, 1, Sized);
         left.map(|l| Self::blocks(l, block_shift))
     }
 
     /// Take the run out of its word (a trim): the blocks nobody was handed, to give back.
-    pub fn flush(&self, block_shift: u32, levels: u32) -> Option<Leftover> {
-        let left = self.0.flush(1 << levels);
+    pub fn flush(&self, block_shift: u32) -> Option<Leftover> {
+        let left = self.0.flush(Sized);
         left.map(|l| Self::blocks(l, block_shift))
     }
 
     fn blocks(left: run::Leftover, block_shift: u32) -> Leftover {
         Leftover {
-            first: (left.base << PAGE_SHIFT) + ((left.first as u64) << block_shift),
+            first: Sized::offset(left.base) + ((left.first as u64) << block_shift),
             count: left.count,
         }
+    }
+}
+
+/// A run's base in its word: the run's first page, whose low [`LEVEL_BITS`] bits (zero: a
+/// run of at least `2^MIN_RUN_LEVELS` blocks of 8 KiB or more starts on a multiple of 8
+/// pages) hold its `levels - MIN_RUN_LEVELS`.
+#[derive(Clone, Copy)]
+struct Sized;
+
+/// Bits of a run's first page that hold its size.
+const LEVEL_BITS: u32 = 3;
+const LEVEL_MASK: u64 = (1 << LEVEL_BITS) - 1;
+const _: () = assert!(
+    MAX_RUN_LEVELS - MIN_RUN_LEVELS <= LEVEL_MASK as u32
+        && RUN_ORDERS.start + MIN_RUN_LEVELS >= LEVEL_BITS
+);
+
+impl Sized {
+    fn base(offset: u64, levels: u32) -> u64 {
+        (offset >> PAGE_SHIFT) | (levels - MIN_RUN_LEVELS) as u64
+    }
+
+    #[inline(always)]
+    fn offset(base: u64) -> u64 {
+        (base & !LEVEL_MASK) << PAGE_SHIFT
+    }
+}
+
+impl run::RunItems for Sized {
+    #[inline(always)]
+    fn of(self, base: u64) -> u32 {
+        1 << (MIN_RUN_LEVELS + (base & LEVEL_MASK) as u32)
     }
 }
 
@@ -168,25 +205,53 @@ mod tests {
     #[test]
     fn an_empty_word_asks_its_first_taker_to_stock() {
         let run = BlockRun::new();
-        assert_eq!(run.take(SHIFT, L), Take::Stock);
-        assert_eq!(run.take(SHIFT, L), Take::Elsewhere);
+        assert_eq!(run.take(SHIFT), Take::Stock);
+        assert_eq!(run.take(SHIFT), Take::Elsewhere);
         // The stocker installs a run at 1 MiB and keeps its first block; the late adds above
         // are forgotten.
         assert_eq!(run.stock(Some(1 << 20), SHIFT, L), None);
         for i in 1..RUN_BLOCKS as u64 {
-            assert_eq!(run.take(SHIFT, L), Take::Block((1 << 20) + (i << SHIFT)));
+            assert_eq!(run.take(SHIFT), Take::Block((1 << 20) + (i << SHIFT)));
         }
-        assert_eq!(run.take(SHIFT, L), Take::Stock);
-        assert_eq!(run.take(SHIFT, L), Take::Elsewhere);
+        assert_eq!(run.take(SHIFT), Take::Stock);
+        assert_eq!(run.take(SHIFT), Take::Elsewhere);
+    }
+
+    #[test]
+    fn a_run_s_size_comes_back_with_each_add() {
+        let run = BlockRun::new();
+        assert_eq!(run.take(SHIFT), Take::Stock);
+        // Four blocks at 64 KiB: three more to hand out, then the next stock.
+        assert_eq!(run.stock(Some(1 << 16), SHIFT, MIN_RUN_LEVELS), None);
+        for i in 1..4 {
+            assert_eq!(run.take(SHIFT), Take::Block((1 << 16) + (i << SHIFT)));
+        }
+        assert_eq!(run.take(SHIFT), Take::Stock);
+        // A bigger run displaces a smaller one that handed out one block: three come back.
+        run.stock(Some(1 << 20), SHIFT, MIN_RUN_LEVELS);
+        assert_eq!(
+            run.stock(Some(2 << 20), SHIFT, MIN_RUN_LEVELS + 1),
+            Some(Leftover {
+                first: (1 << 20) + (1 << SHIFT),
+                count: 3
+            })
+        );
+        assert_eq!(
+            run.flush(SHIFT),
+            Some(Leftover {
+                first: (2 << 20) + (1 << SHIFT),
+                count: 7
+            })
+        );
     }
 
     #[test]
     fn a_swap_gives_back_exactly_the_blocks_nobody_took() {
         let run = BlockRun::new();
-        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        assert_eq!(run.take(SHIFT), Take::Stock);
         run.stock(Some(0), SHIFT, L);
-        assert_eq!(run.take(SHIFT, L), Take::Block(1 << SHIFT));
-        assert_eq!(run.take(SHIFT, L), Take::Block(2 << SHIFT));
+        assert_eq!(run.take(SHIFT), Take::Block(1 << SHIFT));
+        assert_eq!(run.take(SHIFT), Take::Block(2 << SHIFT));
         // A second stocker (after a flush raced a stock) displaces the run: blocks 3.. back.
         assert_eq!(
             run.stock(Some(1 << 30), SHIFT, L),
@@ -196,22 +261,22 @@ mod tests {
             })
         );
         assert_eq!(
-            run.flush(SHIFT, L),
+            run.flush(SHIFT),
             Some(Leftover {
                 first: (1 << 30) + (1 << SHIFT),
                 count: RUN_BLOCKS - 1
             })
         );
-        assert_eq!(run.flush(SHIFT, L), None);
+        assert_eq!(run.flush(SHIFT), None);
         // A used-up run has nothing to give back.
         run.stock(Some(0), SHIFT, L);
         for _ in 1..RUN_BLOCKS + 3 {
-            run.take(SHIFT, L);
+            run.take(SHIFT);
         }
-        assert_eq!(run.flush(SHIFT, L), None);
+        assert_eq!(run.flush(SHIFT), None);
         // Scarce memory: the stocker installs no run, and the next takers go to the tree.
-        assert_eq!(run.take(SHIFT, L), Take::Stock);
+        assert_eq!(run.take(SHIFT), Take::Stock);
         assert_eq!(run.stock(None, SHIFT, L), None);
-        assert_eq!(run.take(SHIFT, L), Take::Elsewhere);
+        assert_eq!(run.take(SHIFT), Take::Elsewhere);
     }
 }
