@@ -13,8 +13,9 @@
 //! How many blocks a run holds depends on the heap ([`run_levels`]): the runs of one order on
 //! every SM together hold at most 1/[`RUN_SHARE`] of the heap's pages, and at most
 //! [`MAX_RUN_BLOCKS`] blocks each; a heap too small for runs of [`MIN_RUN_LEVELS`] has none of
-//! that order. In a 4 GiB heap on an H100 (132 SMs) a run holds 128 blocks (1 MiB of 8 KiB
-//! blocks, 2 MiB of 16 KiB); in 1 GiB 64 and 32; in 64 MiB four 8 KiB blocks and no 16 KiB run.
+//! that order. In a 4 GiB heap on an H100 (132 SMs) a run holds 256 blocks of 8 KiB or 128 of
+//! 16 KiB (2 MiB); in 1 GiB 64 and 32 (512 KiB); in 64 MiB four 8 KiB blocks and no 16 KiB run;
+//! in 8 MiB none.
 //!
 //! Each block of a run is a live block of its own in the tree (`alloc_split` leaves its inner
 //! nodes Partial), so a block from a run is freed like any other and coalesces. Blocks a run
@@ -26,9 +27,10 @@ use crate::run::{self, Run};
 use crate::tbuddy::PAGE_SHIFT;
 
 /// log2 of the most blocks in a run. One thread's mallocs of 1-8192 B (half of them 8 KiB
-/// blocks from runs) took 2.33 µs per call with runs of 16 blocks, 2.13 with 32, 2.03 with 64
-/// and 1.96 with 128; every stock is a climb of the tree (H100, `docs/benchmarks.md`).
-pub const MAX_RUN_LEVELS: u32 = 7;
+/// blocks from runs, in a 4 GiB heap) took 2.33 µs per call with runs of 16 blocks, 2.13 with
+/// 32, 2.03 with 64, 2.00-2.02 with at most 128 and 1.98 with at most 256: every stock is a
+/// climb of the tree (H100, `docs/benchmarks.md`). [`RUN_SHARE`] bounds what they hold.
+pub const MAX_RUN_LEVELS: u32 = 8;
 /// The most blocks in a run.
 pub const MAX_RUN_BLOCKS: u32 = 1 << MAX_RUN_LEVELS;
 /// log2 of the fewest blocks a run is worth: a heap whose share allows fewer has no runs of
@@ -183,7 +185,7 @@ mod tests {
     fn run_levels_follow_the_heap() {
         // 4 GiB, 1 GiB, 64 MiB and 8 MiB of 4 KiB pages on 132 SMs.
         let levels = |pages: u64| [1, 2].map(|order| run_levels(pages, 132, order));
-        assert_eq!(levels(1 << 20), [7, 7]);
+        assert_eq!(levels(1 << 20), [8, 7]);
         assert_eq!(levels(1 << 18), [6, 5]);
         assert_eq!(levels(1 << 14), [2, 0]);
         assert_eq!(levels(1 << 11), [0, 0]);
