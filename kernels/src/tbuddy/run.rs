@@ -209,11 +209,11 @@ mod tests {
         let run = BlockRun::new();
         assert_eq!(run.take(SHIFT), Take::Stock);
         assert_eq!(run.take(SHIFT), Take::Elsewhere);
-        // The stocker installs a run at 1 MiB and keeps its first block; the late adds above
+        // The stocker installs a run at 16 MiB and keeps its first block; the late adds above
         // are forgotten.
-        assert_eq!(run.stock(Some(1 << 20), SHIFT, L), None);
+        assert_eq!(run.stock(Some(1 << 24), SHIFT, L), None);
         for i in 1..RUN_BLOCKS as u64 {
-            assert_eq!(run.take(SHIFT), Take::Block((1 << 20) + (i << SHIFT)));
+            assert_eq!(run.take(SHIFT), Take::Block((1 << 24) + (i << SHIFT)));
         }
         assert_eq!(run.take(SHIFT), Take::Stock);
         assert_eq!(run.take(SHIFT), Take::Elsewhere);
