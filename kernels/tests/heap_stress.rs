@@ -336,10 +336,12 @@ fn freed_small_blocks_serve_a_whole_heap_block_without_a_trim() {
 /// the first adoption of each kind takes the spare without touching the tree, a second
 /// stocking keeps nothing, and a whole-heap request right after stocking is served (the
 /// out-of-memory path's trim gives the unused spares back). A heap without room gets none.
+/// (32 MiB for 4 arenas: eight chunks per spare, too few for the chunks adopted at once of
+/// `stocked_heaps_with_twice_the_room_adopt_a_chunk_per_arena_and_kind`.)
 #[test]
 fn stocked_spares_serve_first_adoptions_and_go_back_to_the_tree() {
     const ARENAS: u64 = 4;
-    let h = HostHeap::new(64 << 20, ARENAS);
+    let h = HostHeap::new(32 << 20, ARENAS);
     let heap = h.heap();
     let pages = h.geometry.pages;
     let chunk_pages = (CHUNK_SIZE / 4096) as u64;
@@ -389,6 +391,57 @@ fn stocked_spares_serve_first_adoptions_and_go_back_to_the_tree() {
         small_heap.heap().buddy().free_pages(),
         small_heap.geometry.pages
     );
+}
+
+/// A heap with sixteen chunks per spare or more (twice `STOCK_HEADROOM`) also adopts one chunk
+/// of each kind for each arena when it stocks them (INV(UA14)): an arena's first refills take
+/// that chunk's bins, with neither a trip to the tree nor the spare's swap; its first adoption
+/// then takes the spare. A whole-heap request right after is still served (the trim gives
+/// back the spares and the empty adopted chunks).
+#[test]
+fn stocked_heaps_with_twice_the_room_adopt_a_chunk_per_arena_and_kind() {
+    const ARENAS: u64 = 4;
+    let h = HostHeap::stocked(64 << 20, ARENAS);
+    let heap = h.heap();
+    let pages = h.geometry.pages;
+    let chunk_pages = (CHUNK_SIZE / 4096) as u64;
+    // Per arena and kind: a spare and an adopted chunk.
+    let out = ARENAS * 2 * 2 * chunk_pages;
+    assert_eq!(heap.buddy().free_pages(), pages - out);
+    assert_eq!(heap_reserved(&h), out * 4096);
+    // A small chunk's worth of 64 B blocks (124 bins of 62 + 2 slots) and a large bin of 1 KB
+    // blocks: all from the adopted chunks, none from the tree or the spares.
+    toga_kernels::platform::set_sm_id(0);
+    let mut blocks: Vec<*mut u8> = (0..124 * 64).map(|_| heap.malloc(64)).collect();
+    blocks.extend((0..102).map(|_| heap.malloc(1000)));
+    assert!(blocks.iter().all(|p| !p.is_null()));
+    assert_eq!(
+        heap.buddy().free_pages(),
+        pages - out,
+        "the adopted chunks served the first refills"
+    );
+    // The next 64 B block needs a new chunk: the spare's, still not the tree's.
+    blocks.push(heap.malloc(64));
+    assert!(!blocks[blocks.len() - 1].is_null());
+    assert_eq!(heap.buddy().free_pages(), pages - out);
+    for &p in &blocks {
+        // SAFETY: live blocks, freed once.
+        unsafe { heap.free(p) };
+    }
+    let whole = heap.malloc(pages as usize * 4096);
+    assert!(
+        !whole.is_null(),
+        "a whole-heap block with chunks adopted at init"
+    );
+    assert_eq!(
+        heap_reserved(&h),
+        pages * 4096,
+        "the whole block alone is reserved"
+    );
+    // SAFETY: a live block, freed once.
+    unsafe { heap.free(whole) };
+    heap.buddy().assert_valid();
+    assert_eq!(heap.buddy().available_pages(), pages);
 }
 
 /// While at most a quarter of the tree's chunks are out (and it holds 16 per arena), an
