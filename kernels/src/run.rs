@@ -53,6 +53,7 @@ pub const MAX_ITEMS: u32 = 1 << 16;
 /// The most items one add may take (a warp).
 pub const MAX_TAKE: u32 = 32;
 const _: () = assert!((MAX_ITEMS as u64) < CEILING && RECHECK < CEILING);
+const _: () = assert!(CEILING + 2048 * MAX_TAKE as u64 <= COUNT_MASK);
 
 /// How many items the run at a base holds (at most [`MAX_ITEMS`]): one count for every run
 /// of a word (a `u32`), or a count that the stocker folded into the base itself
@@ -69,7 +70,6 @@ impl RunItems for u32 {
         self
     }
 }
-const _: () = assert!(CEILING + 2048 * MAX_TAKE as u64 <= COUNT_MASK);
 
 /// What [`Run::take`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

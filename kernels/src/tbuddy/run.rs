@@ -93,13 +93,13 @@ impl BlockRun {
     }
 
     /// Take the next block of the run (of blocks of `2^block_shift` bytes): one add. The
-    /// run's size comes back with the add, in the low bits of its first page ([`Sized`]): no
-    /// lookup of the heap's size on this path.
+    /// run's size comes back with the add, in the low bits of its first page
+    /// ([`LevelsInBase`]): no lookup of the heap's size on this path.
     #[inline(always)]
     pub fn take(&self, block_shift: u32) -> Take {
-        match self.0.take(Sized) {
+        match self.0.take(LevelsInBase) {
             run::Take::Item { base, index } => {
-                Take::Block(Sized::offset(base) + ((index as u64) << block_shift))
+                Take::Block(LevelsInBase::offset(base) + ((index as u64) << block_shift))
             }
             run::Take::Stock => Take::Stock,
             run::Take::Elsewhere => Take::Elsewhere,
@@ -115,21 +115,21 @@ impl BlockRun {
         let base = first.map(|offset| {
             debug_assert!((MIN_RUN_LEVELS..=MAX_RUN_LEVELS).contains(&levels));
             debug_assert!(offset.is_multiple_of(1 << (block_shift + levels)));
-            Sized::base(offset, levels)
+            LevelsInBase::base(offset, levels)
         });
-        let left = self.0.stock(base, 1, Sized);
+        let left = self.0.stock(base, 1, LevelsInBase);
         left.map(|l| Self::blocks(l, block_shift))
     }
 
     /// Take the run out of its word (a trim): the blocks nobody was handed, to give back.
     pub fn flush(&self, block_shift: u32) -> Option<Leftover> {
-        let left = self.0.flush(Sized);
+        let left = self.0.flush(LevelsInBase);
         left.map(|l| Self::blocks(l, block_shift))
     }
 
     fn blocks(left: run::Leftover, block_shift: u32) -> Leftover {
         Leftover {
-            first: Sized::offset(left.base) + ((left.first as u64) << block_shift),
+            first: LevelsInBase::offset(left.base) + ((left.first as u64) << block_shift),
             count: left.count,
         }
     }
@@ -139,7 +139,7 @@ impl BlockRun {
 /// run of at least `2^MIN_RUN_LEVELS` blocks of 8 KiB or more starts on a multiple of 8
 /// pages) hold its `levels - MIN_RUN_LEVELS`.
 #[derive(Clone, Copy)]
-struct Sized;
+struct LevelsInBase;
 
 /// Bits of a run's first page that hold its size.
 const LEVEL_BITS: u32 = 3;
@@ -149,7 +149,7 @@ const _: () = assert!(
         && RUN_ORDERS.start + MIN_RUN_LEVELS >= LEVEL_BITS
 );
 
-impl Sized {
+impl LevelsInBase {
     fn base(offset: u64, levels: u32) -> u64 {
         (offset >> PAGE_SHIFT) | (levels - MIN_RUN_LEVELS) as u64
     }
@@ -160,7 +160,7 @@ impl Sized {
     }
 }
 
-impl run::RunItems for Sized {
+impl run::RunItems for LevelsInBase {
     #[inline(always)]
     fn of(self, base: u64) -> u32 {
         1 << (MIN_RUN_LEVELS + (base & LEVEL_MASK) as u32)
