@@ -418,6 +418,18 @@ impl<L: Layout> BulkSemaphore<L> {
         );
     }
 
+    /// [`signal`](Self::signal) for a caller that issued an acq_rel fence after what the units
+    /// stand for (`platform::fence_acq_rel`): the fence and this relaxed add are the release
+    /// (INV(SEM7)), and the same fence also orders the caller's next relaxed store (TBuddy's
+    /// unlock after `make_available`), one MEMBAR on the GPU for both.
+    #[inline]
+    pub fn signal_fenced(&self, n: u32, expected: u32) {
+        debug_assert!(Counters::unpack::<L>(self.word.load_relaxed()).e >= expected as i64);
+        self.word.fetch_add_relaxed(
+            Fields::<L>::c_units(n).wrapping_sub(Fields::<L>::e_units(expected)),
+        );
+    }
+
     /// Withdraw a promise of `expected` units (`E -= expected`): a refill that failed. Waiters
     /// that counted on it notice and retry (INV(SEM6)).
     #[inline]

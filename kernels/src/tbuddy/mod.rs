@@ -966,22 +966,28 @@ impl<'a> TBuddy<'a> {
             // a buddy that is not Available now cannot merge with us before we unlock.
             if self.word(buddy).load_acquire() & STATE_MASK != AVAILABLE {
                 self.make_available(node, order, 1, promised);
-                self.unlock(parent, PARTIAL);
+                self.unlock_after_fence(parent);
                 return false;
             }
             // INV(TB4): announce the merged block before its halves leave this order, so that
             // an allocator never finds the pages in transit missing (it waits for them).
             up.promise(BATCH - 1);
             if self.sem(order).try_wait(1) {
-                // Acq_rel: acquire pairs with the release that made the buddy Available.
+                // Acquire: pairs with the release that made the buddy Available. No release
+                // half: nobody reads through the buddy's Busy word (a claim's CAS only fails on
+                // it), and what we wrote before is published by the release that ends this
+                // free (`make_available`).
                 if self
                     .word(buddy)
-                    .compare_exchange_acq_rel(AVAILABLE, BUSY)
+                    .compare_exchange_acquire(AVAILABLE, BUSY)
                     .is_ok()
                 {
                     self.index.clear(buddy.0);
                     // INV(TB2): both children Busy; the parent is a whole Busy block, ours.
-                    self.unlock(parent, BUSY);
+                    // Relaxed: nobody waits for this lock (its other child was Available, not
+                    // live), and the next one to take it does so after the parent is claimed
+                    // and split, which acquires the release that ends this free.
+                    self.word(parent).store_relaxed(BUSY);
                     if promised {
                         // Our block now lives one order up, where the new promise stands.
                         self.sem(order).retract(BATCH - 1);
@@ -991,7 +997,7 @@ impl<'a> TBuddy<'a> {
                 // An allocator holding its own unit took the buddy first: our unit stands for
                 // another Available node; give it back together with ours.
                 self.make_available(node, order, 2, promised);
-                self.unlock(parent, PARTIAL);
+                self.unlock_after_fence(parent);
                 up.retract(BATCH - 1);
                 return false;
             }
@@ -1000,20 +1006,25 @@ impl<'a> TBuddy<'a> {
             // allocator about to claim an Available node (maybe the buddy), or hidden in a fast
             // path's roll-back (INV(SEM3)). Becoming Available now could leave two Available
             // siblings; wait (without the lock) until one of the two resolves.
-            self.unlock(parent, PARTIAL);
+            self.unlock(parent);
             backoff.snooze();
         }
     }
 
     /// `node` (Busy, ours) becomes Available and `units` units of its order are released (ours,
     /// plus one we took and did not use); `promised`: one of them fulfils our open promise.
+    ///
+    /// Ends with an acq_rel fence before the count, so a caller's relaxed store right after
+    /// it is a release of everything before the fence (`unlock_after_fence`).
     fn make_available(&self, node: Node, order: u32, units: u32, promised: bool) {
         // Release: pairs with the acquire CAS of the next owner (`claim` or a merging `free`).
         self.word(node).store_release(AVAILABLE);
         self.index.set(node.0);
-        // INV(TB4): the node is Available (and indexed) before it is counted.
+        // INV(TB4): the node is Available (and indexed) before it is counted. The fence and
+        // the relaxed add are the count's release (INV(SEM7)).
+        platform::fence_acq_rel();
         let expected = if promised { BATCH - 1 } else { 0 };
-        self.sem(order).signal(units, expected);
+        self.sem(order).signal_fenced(units, expected);
     }
 
     /// Take the pair lock of `parent`'s children (INV(TB5)). One lock at a time per thread, held
@@ -1021,25 +1032,44 @@ impl<'a> TBuddy<'a> {
     fn lock(&self, parent: Node) {
         let word = self.word(parent);
         let mut backoff = Backoff::new();
+        // INV(TB5): a freed node's parent is Partial while the node is allocated, and a free
+        // pair lock is exactly Partial (`unlock` stores it): the first try is a CAS with no
+        // load before it, one round trip per level of a free's climb where there were two.
+        let mut cur = PARTIAL;
         loop {
-            let cur = word.load_relaxed();
-            // INV(TB5): a freed node's parent is Partial while the node is allocated.
             debug_assert_eq!(cur & STATE_MASK, PARTIAL);
-            // Acquire: pairs with the release in `unlock`. No release half: taking the lock
-            // publishes nothing (the freed block's writes are published by the release that
-            // makes it Available), and on the GPU it was a MEMBAR per try.
-            if cur & LOCKED == 0 && word.compare_exchange_acquire(cur, cur | LOCKED).is_ok() {
-                return;
+            if cur & LOCKED == 0 {
+                // Acquire: pairs with the release in `unlock`. No release half: taking the
+                // lock publishes nothing (the freed block's writes are published by the
+                // release that makes it Available), and on the GPU it was a MEMBAR per try.
+                match word.compare_exchange_acquire(cur, cur | LOCKED) {
+                    Ok(_) => return,
+                    Err(seen) if seen & LOCKED == 0 => {
+                        cur = seen;
+                        continue;
+                    }
+                    Err(_) => {}
+                }
             }
             backoff.snooze();
+            cur = word.load_relaxed();
         }
     }
 
-    /// Release the pair lock and set `parent`'s state (Partial, or Busy after a merge).
-    fn unlock(&self, parent: Node, state: u32) {
+    /// Release the pair lock; `parent` stays Partial.
+    fn unlock(&self, parent: Node) {
         // Release: pairs with the acquire in the next `lock`. Nothing else writes a locked
         // Partial word (claims CAS only Available words), so a store is exact.
-        self.word(parent).store_release(state);
+        self.word(parent).store_release(PARTIAL);
+    }
+
+    /// [`unlock`](Self::unlock) right after [`make_available`](Self::make_available), whose
+    /// fence makes this relaxed store a release of the critical section (the fence before a
+    /// relaxed store is PTX's release pattern): one MEMBAR on the GPU instead of two. Only the
+    /// count that `make_available` added after its fence may show after the unlock; a sibling
+    /// that takes the lock and misses it waits and retries (`free_or_merge`'s INV(TB1) case).
+    fn unlock_after_fence(&self, parent: Node) {
+        self.word(parent).store_relaxed(PARTIAL);
     }
 
     // ---- inspection -----------------------------------------------------------------------
