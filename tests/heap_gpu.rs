@@ -414,14 +414,31 @@ fn zero_and_oversized_requests_return_null() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn a_warps_large_blocks_freed_together_merge_back_to_the_root() {
+    // 8, 16, 32 KiB by lane: 56 KiB per three threads; half the heap asked for.
+    large_blocks_freed_together_merge_back(56 << 10, 3, |i| 8192u32 << (i % 3));
+}
+
+/// As above with one size, 8 KiB, in every lane: a warp's 32 blocks from one walk lie side by
+/// side and its own warp merges them into one block of 256 KiB in five rounds; in reverse
+/// thread order each warp frees another warp's blocks. This is the free of `f_large`, whose
+/// group's one subtraction of the reserved bytes the counters check here too.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
+fn a_warps_side_by_side_blocks_free_as_one_block() {
+    large_blocks_freed_together_merge_back(8 << 10, 1, |_| 8192);
+}
+
+/// Half of a 256 MiB heap in blocks of `size(i)` for thread `i` (`per` threads ask for
+/// `bytes_per` bytes in all), allocated and freed by warps in four rounds, the odd ones in
+/// reverse thread order; every page comes back without a trim.
+fn large_blocks_freed_together_merge_back(bytes_per: u64, per: u64, size: impl Fn(usize) -> u32) {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
     let capacity = 256u64 << 20;
     let heap = Heap::new(&gpu, &stream, capacity).unwrap();
     let w = Workloads::new(&gpu).unwrap();
-    // 8, 16, 32 KiB by lane: 56 KiB per three threads; half the heap asked for.
-    let n = (capacity / 2 / (56 << 10) * 3) as usize;
-    let sizes: Vec<u32> = (0..n).map(|i| 8192u32 << (i % 3)).collect();
+    let n = (capacity / 2 / bytes_per * per) as usize;
+    let sizes: Vec<u32> = (0..n).map(size).collect();
     let asked: u64 = sizes.iter().map(|&s| s as u64).sum();
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     for round in 0..4u32 {
