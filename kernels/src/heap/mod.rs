@@ -46,6 +46,9 @@ pub const MIN_USED_QUANTUM: i64 = 64 << 10;
 const LARGE_FREE_TAG: u64 = 1 << 40;
 /// Keeps the group of `stock_arenas` apart from other `Group::of` call sites.
 const STOCK_TAG: u64 = 2 << 40;
+/// Keeps the keys of a large malloc's reserved-bytes groups (`alloc_large`, by block order)
+/// apart from other `Group::of` call sites.
+const LARGE_RESERVE_TAG: u64 = 3 << 40;
 /// A heap stocks its arenas with spare chunks (`DeviceHeap::stock_arenas`) only where it has
 /// at least this many chunks per spare: the spares are at most this fraction of the heap.
 pub const STOCK_HEADROOM: u64 = 8;
@@ -852,7 +855,12 @@ impl<'a> DeviceHeap<'a> {
                 // INV(HP1): the first page of a live large block holds order + 1.
                 self.large[page].store_relaxed(order + 1);
                 if from_run.is_none() {
-                    add_reserved(self.header, (PAGE_SIZE as u64) << order);
+                    // One add for the lanes that took a block of this order from the tree
+                    // here together, as in `free_large`.
+                    let group = Group::of(LARGE_RESERVE_TAG | order as u64);
+                    if group.is_leader() {
+                        add_reserved(self.header, (group.size() as u64) << (order + PAGE_SHIFT));
+                    }
                 }
                 // SAFETY: TBuddy offsets are inside the data region.
                 (
