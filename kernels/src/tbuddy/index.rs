@@ -25,7 +25,9 @@
 //!   GPU in every split, every make-Available and every free of the tree. (A clear with a
 //!   relaxed layer-0 RMW and acquire summaries passed the loom models as well and made one
 //!   thread's mallocs 8% faster, but a fresh fill of 2^20 × 4 KiB 9% slower, on an H100; not
-//!   kept, `docs/benchmarks.md`.)
+//!   kept, `docs/benchmarks.md`. A free's merge clears with it since 2026-11-26k,
+//!   [`AvailIndex::clear_merged`]: with the buddy's state read before the pair lock, the large
+//!   frees were 4–9% faster.)
 //!   `tests/loom_index.rs` models the race; an earlier version that stopped re-checking at
 //!   the first refilled word lost a top-level summary there, and on the GPU that hid free
 //!   blocks from every search.
@@ -141,13 +143,32 @@ impl<'a> AvailIndex<'a> {
 
     /// Remove node `n` from the index (after its node word left Available).
     pub fn clear(&self, n: u32) {
+        self.clear_from(n, false);
+    }
+
+    /// [`clear`](Self::clear) whose RMW on the layer-0 word is relaxed: for a free's merge,
+    /// which took the node with an acquire CAS under the pair lock and publishes nothing
+    /// through the index (module doc: a relaxed layer-0 clear passed the loom models; the
+    /// summary RMWs stay acq_rel). A MEMBAR less on each merged level of a free's climb.
+    pub fn clear_merged(&self, n: u32) {
+        self.clear_from(n, true);
+    }
+
+    #[inline(always)]
+    fn clear_from(&self, n: u32, relaxed_leaf: bool) {
         // Phase 1: clear upwards while words become empty.
         let mut layer = 0;
         let mut pos = n;
         loop {
             let (w, bit) = word_bit(pos);
-            // Acq_rel: pairs with the acq_rel `fetch_or` of a racing `set_from` (see module doc).
-            let old = self.word(layer, w).fetch_and_acq_rel(!bit);
+            let word = self.word(layer, w);
+            // Acq_rel: pairs with the acq_rel `fetch_or` of a racing `set_from` (see module
+            // doc); relaxed on layer 0 for a merge (`clear_merged`).
+            let old = if relaxed_leaf && layer == 0 {
+                word.fetch_and_relaxed(!bit)
+            } else {
+                word.fetch_and_acq_rel(!bit)
+            };
             if old != bit || layer == self.top {
                 break;
             }

@@ -961,10 +961,14 @@ impl<'a> TBuddy<'a> {
         let up = self.sem(order + 1);
         let mut backoff = Backoff::new();
         loop {
+            // The buddy's state before the lock, so that the load's round trip overlaps the
+            // lock's: a hint only. An Available hint is checked by the CAS that takes the
+            // buddy below; any other is loaded again under the lock.
+            let hint = self.word(buddy).load_relaxed() & STATE_MASK;
             self.lock(parent);
             // INV(TB5): under the pair lock the buddy becomes Available only by our hands, so
             // a buddy that is not Available now cannot merge with us before we unlock.
-            if self.word(buddy).load_acquire() & STATE_MASK != AVAILABLE {
+            if hint != AVAILABLE && self.word(buddy).load_acquire() & STATE_MASK != AVAILABLE {
                 self.make_available(node, order, 1, promised);
                 self.unlock_after_fence(parent);
                 return false;
@@ -982,7 +986,7 @@ impl<'a> TBuddy<'a> {
                     .compare_exchange_acquire(AVAILABLE, BUSY)
                     .is_ok()
                 {
-                    self.index.clear(buddy.0);
+                    self.index.clear_merged(buddy.0);
                     // INV(TB2): both children Busy; the parent is a whole Busy block, ours.
                     // Relaxed: nobody waits for this lock (its other child was Available, not
                     // live), and the next one to take it does so after the parent is claimed
@@ -994,15 +998,17 @@ impl<'a> TBuddy<'a> {
                     }
                     return true;
                 }
-                // An allocator holding its own unit took the buddy first: our unit stands for
-                // another Available node; give it back together with ours.
+                // An allocator holding its own unit took the buddy first (or the hint was
+                // stale): our unit stands for another Available node; give it back together
+                // with ours.
                 self.make_available(node, order, 2, promised);
                 self.unlock_after_fence(parent);
                 up.retract(BATCH - 1);
                 return false;
             }
             up.retract(BATCH - 1);
-            // INV(TB1): the buddy is Available but no unit is free: each is held by an
+            // INV(TB1): the buddy is Available (or was, by a stale hint: the next try loads
+            // it again) but no unit is free: each is held by an
             // allocator about to claim an Available node (maybe the buddy), or hidden in a fast
             // path's roll-back (INV(SEM3)). Becoming Available now could leave two Available
             // siblings; wait (without the lock) until one of the two resolves.
