@@ -424,7 +424,7 @@ fn a_warps_large_blocks_freed_together_merge_back_to_the_root() {
 /// group's one subtraction of the reserved bytes the counters check here too.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
-fn a_warps_side_by_side_blocks_free_as_one_block() {
+fn a_warps_8kib_blocks_freed_together_merge_back_to_the_root() {
     large_blocks_freed_together_merge_back(8 << 10, 1, |_| 8192);
 }
 

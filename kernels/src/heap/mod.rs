@@ -1102,9 +1102,9 @@ impl<'a> DeviceHeap<'a> {
         let group = Group::of(LARGE_FREE_TAG | order as u64);
         self.buddy.free_together(&group, offset, order);
         let bytes = (PAGE_SIZE as u64) << order;
-        // One add for the group: every lane's add on this one word, after the lanes of a
-        // warp parted in `free_together`, held the free of 2^17 blocks of 8 KiB (ncu: the
-        // lanes' return waited on it for 27% of the stall samples; H100).
+        // One subtraction for the group: every lane's own on this one word, after the lanes
+        // of a warp parted in `free_together`, held the free of 2^17 blocks of 8 KiB (ncu:
+        // the lanes' return waited on it for 27% of the stall samples; H100).
         if group.is_leader() {
             self.header
                 .reserved

@@ -1008,10 +1008,10 @@ impl<'a> TBuddy<'a> {
             }
             up.retract(BATCH - 1);
             // INV(TB1): the buddy is Available (or was, by a stale hint: the next try loads
-            // it again) but no unit is free: each is held by an
-            // allocator about to claim an Available node (maybe the buddy), or hidden in a fast
-            // path's roll-back (INV(SEM3)). Becoming Available now could leave two Available
-            // siblings; wait (without the lock) until one of the two resolves.
+            // it again) but no unit is free: each is held by an allocator about to claim an
+            // Available node (maybe the buddy), or hidden in a fast path's roll-back
+            // (INV(SEM3)). Becoming Available now could leave two Available siblings; wait
+            // (without the lock) until one of the two resolves.
             self.unlock(parent);
             backoff.snooze();
         }
