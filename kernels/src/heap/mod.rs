@@ -332,14 +332,26 @@ pub struct Mailbox {
 pub const GROW_TIMEOUT_NS: u64 = 1_000_000_000;
 
 /// A view of an initialized heap.
+///
+/// Every `malloc` and `free` builds one, so it holds only what the header says, loaded at once
+/// (one round trip to memory, no branch between the loads), and nothing derived: the buddy
+/// tree's view is built where a path uses the tree ([`buddy`](Self::buddy)). ncu of 2^20 frees
+/// of 16 B (H100, 2026-11-26l): with the tree's view in here, a check of the node array's length
+/// put a branch between two batches of the header's loads, the granule shift came in a third,
+/// and the view (kept in local memory, which the callees borrow) took a loop over the index's
+/// layers; three round trips went by before the block's own chunk was read.
 #[derive(Clone, Copy)]
 pub struct DeviceHeap<'a> {
     header: &'a HeapHeader,
     shards: &'a [StatsShard],
     arenas: &'a [Arena],
     large: &'a [Atomic32],
-    buddy: TBuddy<'a>,
+    /// The buddy tree's node words: its view is built where a path uses the tree
+    /// ([`buddy`](Self::buddy)).
+    nodes: &'a [Atomic32],
     data: *mut u8,
+    /// The geometry's `granule_shift` (0: a fixed heap), for [`is_mapped`](Self::is_mapped).
+    granule_shift: u32,
 }
 
 /// UAlloc's chunks come from the heap's buddy tree. A borrow of the heap's view, not a copy of
@@ -354,9 +366,9 @@ pub struct HeapChunks<'h> {
 impl ChunkSource for HeapChunks<'_> {
     fn alloc_chunk(&self) -> Option<*mut u8> {
         let heap = self.heap;
-        let mut offset = heap.buddy.alloc(CHUNK_ORDER);
+        let mut offset = heap.buddy().alloc(CHUNK_ORDER);
         while offset.is_none() && heap.grow_on_demand(CHUNK_SIZE as u64) {
-            offset = heap.buddy.alloc(CHUNK_ORDER);
+            offset = heap.buddy().alloc(CHUNK_ORDER);
         }
         let offset = offset?;
         add_reserved(heap.header, CHUNK_SIZE as u64);
@@ -368,7 +380,7 @@ impl ChunkSource for HeapChunks<'_> {
     /// growing the heap: a growable heap's growth is for the chunk that was asked for.
     fn alloc_chunk_run(&self, log2: u32) -> Option<*mut u8> {
         let heap = self.heap;
-        let offset = heap.buddy.alloc_split(CHUNK_ORDER, log2)?;
+        let offset = heap.buddy().alloc_split(CHUNK_ORDER, log2)?;
         add_reserved(heap.header, (CHUNK_SIZE as u64) << log2);
         // SAFETY: TBuddy offsets are inside the data region.
         Some(unsafe { heap.data.add(offset as usize) })
@@ -378,7 +390,7 @@ impl ChunkSource for HeapChunks<'_> {
         let heap = self.heap;
         let offset = chunk as u64 - heap.data as u64;
         heap.header.reserved.0.fetch_sub_relaxed(CHUNK_SIZE as u64);
-        heap.buddy.free(offset, CHUNK_ORDER);
+        heap.buddy().free(offset, CHUNK_ORDER);
     }
 
     /// Free pages in chunks (one load; fragmentation may make fewer whole chunks available).
@@ -389,7 +401,7 @@ impl ChunkSource for HeapChunks<'_> {
         if h.geometry.mailbox != 0 && h.grow_denied.0.load_relaxed() == 0 {
             return usize::MAX;
         }
-        (self.heap.buddy.free_pages() >> CHUNK_ORDER) as usize
+        (self.heap.buddy().free_pages() >> CHUNK_ORDER) as usize
     }
 
     /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)).
@@ -445,8 +457,9 @@ impl<'a> DeviceHeap<'a> {
                 shards,
                 arenas,
                 large,
-                buddy: TBuddy::new(&header.buddy, nodes),
+                nodes,
                 data: at(g.data_offset),
+                granule_shift: g.granule_shift as u32,
             }
         }
     }
@@ -460,12 +473,13 @@ impl<'a> DeviceHeap<'a> {
         let g = &self.header.geometry;
         // A growable heap's tree starts empty (all Busy); its memory comes with `add_range`.
         let usable = if g.granule_shift == 0 { g.pages } else { 0 };
-        self.buddy.init_nodes(start as usize..end as usize, usable);
+        self.buddy()
+            .init_nodes(start as usize..end as usize, usable);
     }
 
     /// Initialization, step 2 (one thread, after step 1 finished everywhere).
     pub fn init_finish(&self) {
-        self.buddy.init_finish(self.header.geometry.pages);
+        self.buddy().init_finish(self.header.geometry.pages);
         // Pairs with the acquire in `is_initialized`.
         self.header.magic.store_release(HEAP_MAGIC);
     }
@@ -489,12 +503,12 @@ impl<'a> DeviceHeap<'a> {
     pub fn stock_arenas(&self, thread: u64) -> bool {
         let kinds = crate::size_class::NUM_KINDS as u64;
         let arenas = self.arenas.len() as u64;
-        let chunks = self.buddy.usable_pages() >> CHUNK_ORDER;
+        let chunks = self.buddy().usable_pages() >> CHUNK_ORDER;
         if thread >= arenas * kinds || chunks < STOCK_HEADROOM * arenas * kinds {
             return false;
         }
         let group = Group::of(STOCK_TAG);
-        let Some(offset) = self.buddy.alloc_together(&group, CHUNK_ORDER) else {
+        let Some(offset) = self.buddy().alloc_together(&group, CHUNK_ORDER) else {
             return false;
         };
         add_reserved(self.header, CHUNK_SIZE as u64);
@@ -509,7 +523,7 @@ impl<'a> DeviceHeap<'a> {
             // SAFETY: the chunk came from `alloc_together` above and nobody else has it.
             unsafe { HeapChunks { heap: self }.free_chunk(chunk) };
         } else if chunks >= 2 * STOCK_HEADROOM * arenas * kinds
-            && let Some(offset) = self.buddy.alloc(CHUNK_ORDER)
+            && let Some(offset) = self.buddy().alloc(CHUNK_ORDER)
         {
             // Twice the room: the arena also adopts a chunk of this kind now (see above).
             add_reserved(self.header, CHUNK_SIZE as u64);
@@ -528,7 +542,8 @@ impl<'a> DeviceHeap<'a> {
     /// Initialization of a growable heap, step 2 (one thread, after step 1): the tree starts
     /// empty; the host then adds its mapped granules with `add_range`.
     pub fn init_growable_finish(&self) {
-        self.buddy.init_growable_finish(self.header.geometry.pages);
+        self.buddy()
+            .init_growable_finish(self.header.geometry.pages);
         self.header.magic.store_release(HEAP_MAGIC);
     }
 
@@ -553,7 +568,7 @@ impl<'a> DeviceHeap<'a> {
     /// Whether the granule of `p` (inside the data region) is mapped: always for a fixed heap.
     #[inline]
     fn is_mapped(&self, p: *mut u8) -> bool {
-        let shift = self.header.geometry.granule_shift;
+        let shift = self.granule_shift;
         if shift == 0 {
             return true;
         }
@@ -577,9 +592,9 @@ impl<'a> DeviceHeap<'a> {
         while at < end {
             let order = (at.trailing_zeros())
                 .min(63 - (end - at).leading_zeros())
-                .min(self.buddy.max_order());
+                .min(self.buddy().max_order());
             // INV(TB10): the block is mapped and was not in the tree.
-            self.buddy.grow(at << PAGE_SHIFT, order);
+            self.buddy().grow(at << PAGE_SHIFT, order);
             at += 1 << order;
         }
     }
@@ -596,7 +611,7 @@ impl<'a> DeviceHeap<'a> {
         let map = self.granule_map();
         let mut n = 0;
         while n < out.len() {
-            let Some(offset) = self.buddy.take(shift as u32 - PAGE_SHIFT) else {
+            let Some(offset) = self.buddy().take(shift as u32 - PAGE_SHIFT) else {
                 break;
             };
             let granule = offset >> shift;
@@ -733,9 +748,14 @@ impl<'a> DeviceHeap<'a> {
         &self.header.geometry
     }
 
-    /// The buddy tree (for tests and the whole-heap checks).
+    /// The buddy tree's view: built on each call, in a few instructions with no loop and no
+    /// memory access ([`TBuddy::new_unchecked`]). Not a field: the view of the heap is kept in
+    /// local memory wherever a callee borrows it, and a tree's view in it made every `malloc`
+    /// and `free` store it there.
+    #[inline(always)]
     pub fn buddy(&self) -> TBuddy<'a> {
-        self.buddy
+        // SAFETY: the geometry sized the node words for this tree (`from_base`'s promise).
+        unsafe { TBuddy::new_unchecked(&self.header.buddy, self.nodes) }
     }
 
     fn ualloc(&self) -> UAlloc<'_, HeapChunks<'_>> {
@@ -831,24 +851,10 @@ impl<'a> DeviceHeap<'a> {
         } else {
             None
         };
-        // The lanes of a warp that ask for the same order share the blocks above it
-        // (`TBuddy::alloc_together`, INV(TB11)).
-        let mut offset = from_run.or_else(|| self.buddy.alloc_together(&group, order));
-        // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
-        // (INV(UA4)); give them back and try again, as a small refill does (always once after
-        // a trim, more often while trims still find something).
-        let mut retries = 0;
-        while offset.is_none() && retries < OOM_RETRIES {
-            if self.trim() == 0 && retries > 0 {
-                break;
-            }
-            retries += 1;
-            offset = self.buddy.alloc(order);
-        }
-        // A growable heap asks the host for more before it gives up.
-        while offset.is_none() && self.grow_on_demand((PAGE_SIZE as u64) << order) {
-            offset = self.buddy.alloc(order);
-        }
+        let offset = match from_run {
+            Some(offset) => Some(offset),
+            None => self.alloc_from_tree(&group, order),
+        };
         match offset {
             Some(offset) => {
                 let page = (offset >> PAGE_SHIFT) as usize;
@@ -872,6 +878,32 @@ impl<'a> DeviceHeap<'a> {
         }
     }
 
+    /// A block of `order` from the tree for the lanes of `group` (collective): the lanes that
+    /// ask for the same order share the blocks above it (`TBuddy::alloc_together`, INV(TB11)).
+    /// Out of line, so that a block from a run (the common case of a lone lane) does not build
+    /// the tree's view in local memory.
+    #[inline(never)]
+    fn alloc_from_tree(&self, group: &Group, order: u32) -> Option<u64> {
+        let buddy = self.buddy();
+        let mut offset = buddy.alloc_together(group, order);
+        // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
+        // (INV(UA4)); give them back and try again, as a small refill does (always once after
+        // a trim, more often while trims still find something).
+        let mut retries = 0;
+        while offset.is_none() && retries < OOM_RETRIES {
+            if self.trim() == 0 && retries > 0 {
+                break;
+            }
+            retries += 1;
+            offset = buddy.alloc(order);
+        }
+        // A growable heap asks the host for more before it gives up.
+        while offset.is_none() && self.grow_on_demand((PAGE_SIZE as u64) << order) {
+            offset = buddy.alloc(order);
+        }
+        offset
+    }
+
     /// A block of `order` (in `RUN_ORDERS`) for a lone lane, from its SM's run: one add, and
     /// once per run a split of one block of the tree into a new run of
     /// [`run_blocks`](Self::run_blocks) blocks (`tbuddy::run`). Runs are stocked only while a
@@ -891,10 +923,11 @@ impl<'a> DeviceHeap<'a> {
                 // A heap too small for runs of this order parks the word (levels 0).
                 let levels = self.run_levels(order);
                 let run_pages = 1u64 << (order + levels);
-                let plenty = levels != 0
-                    && self.buddy.free_pages() >= self.buddy.usable_pages() / 4 + run_pages;
+                let buddy = self.buddy();
+                let plenty =
+                    levels != 0 && buddy.free_pages() >= buddy.usable_pages() / 4 + run_pages;
                 let first = if plenty {
-                    self.buddy.alloc_split(order, levels)
+                    buddy.alloc_split(order, levels)
                 } else {
                     None
                 };
@@ -938,7 +971,7 @@ impl<'a> DeviceHeap<'a> {
             .reserved
             .0
             .fetch_sub_relaxed(bytes * left.count as u64);
-        self.buddy.free_run_tail(left.first, order, left.count);
+        self.buddy().free_run_tail(left.first, order, left.count);
     }
 
     /// Empty every SM's runs into the tree (a trim). Returns how many runs gave something back.
@@ -1089,7 +1122,8 @@ impl<'a> DeviceHeap<'a> {
 
     fn contains(&self, p: *mut u8) -> bool {
         let start = self.data as u64;
-        let end = start + self.header.geometry.data_bytes();
+        // The data region's pages are the large table's length (no load of the header).
+        let end = start + ((self.large.len() as u64) << PAGE_SHIFT);
         (start..end).contains(&(p as u64))
     }
 
@@ -1100,7 +1134,7 @@ impl<'a> DeviceHeap<'a> {
     #[inline(never)]
     fn free_large(&self, offset: u64, order: u32) -> u64 {
         let group = Group::of(LARGE_FREE_TAG | order as u64);
-        self.buddy.free_together(&group, offset, order);
+        self.buddy().free_together(&group, offset, order);
         let bytes = (PAGE_SIZE as u64) << order;
         // One subtraction for the group: every lane's own on this one word, after the lanes
         // of a warp parted in `free_together`, held the free of 2^17 blocks of 8 KiB (ncu:

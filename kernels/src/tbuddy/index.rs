@@ -67,11 +67,32 @@ pub const fn layer_words(index_bits: u32) -> ([u32; MAX_LAYERS], usize) {
     }
 }
 
+/// Words before layer `layer` (at most the top layer) of an index of `2^index_bits` bits: the
+/// layers below it hold `2^(index_bits − 5)`, `2^(index_bits − 10)`, … words, a geometric sum,
+/// `(2^index_bits − 2^(index_bits − 5·layer)) / 31`. A closed form, so that a view of the tree
+/// costs no loop (every large `malloc` and `free` builds one).
+#[inline(always)]
+pub const fn layer_offset(index_bits: u32, layer: u32) -> u32 {
+    ((1u32 << index_bits) - (1u32 << (index_bits - FANOUT_SHIFT * layer))) / (FANOUT - 1)
+}
+
+/// The top layer (one word) of an index of `2^index_bits` bits (`index_bits ≥ 1`).
+#[inline(always)]
+pub const fn top_layer(index_bits: u32) -> u32 {
+    (index_bits - 1) / FANOUT_SHIFT
+}
+
+/// Words of an index of `2^index_bits` bits: [`layer_words`]' total, in closed form.
+#[inline(always)]
+pub const fn index_words(index_bits: u32) -> usize {
+    layer_offset(index_bits, top_layer(index_bits)) as usize + 1
+}
+
 /// A view of the index words of one tree.
 #[derive(Clone, Copy)]
 pub struct AvailIndex<'a> {
     words: &'a [Atomic32],
-    /// Start of each layer in `words`.
+    /// Start of each layer in `words` ([`layer_offset`]; the top's repeated above it).
     offset: [u32; MAX_LAYERS],
     /// The top layer (one word).
     top: u32,
@@ -85,31 +106,32 @@ fn word_bit(pos: u32) -> (u32, u32) {
 
 impl<'a> AvailIndex<'a> {
     /// The index of a tree whose node indices are `0..2^index_bits`, in `words`
-    /// (`layer_words(index_bits).1` of them).
+    /// (`layer_words(index_bits).1` of them). No loop that depends on the size: every large
+    /// `malloc` and `free` builds one.
+    #[inline]
     pub fn new(words: &'a [Atomic32], index_bits: u32) -> Self {
-        let (sizes, total) = layer_words(index_bits);
-        debug_assert!(words.len() >= total);
-        let mut offset = [0u32; MAX_LAYERS];
-        let mut at = 0;
-        let mut top = 0;
-        for (layer, &size) in sizes.iter().enumerate() {
-            offset[layer] = at;
-            at += size;
-            if size == 1 {
-                top = layer as u32;
-                break;
-            }
-        }
-        Self {
-            words: &words[..total],
-            offset,
-            top,
-        }
+        debug_assert!(index_bits >= 1 && words.len() >= index_words(index_bits));
+        let top = top_layer(index_bits);
+        let offset =
+            core::array::from_fn(|layer| layer_offset(index_bits, (layer as u32).min(top)));
+        Self { words, offset, top }
+    }
+
+    /// The top layer (one word).
+    #[inline(always)]
+    fn top(&self) -> u32 {
+        self.top
+    }
+
+    /// Where `layer` starts in `words`.
+    #[inline(always)]
+    fn offset(&self, layer: u32) -> u32 {
+        self.offset[layer as usize]
     }
 
     #[inline(always)]
     fn word(&self, layer: u32, w: u32) -> &'a Atomic32 {
-        &self.words[(self.offset[layer as usize] + w) as usize]
+        &self.words[(self.offset(layer) + w) as usize]
     }
 
     /// Mark node `n` Available in the index (after its node word says so).
@@ -133,7 +155,7 @@ impl<'a> AvailIndex<'a> {
             } else {
                 word.fetch_or_release(bit)
             };
-            if old != 0 || layer == self.top {
+            if old != 0 || layer == self.top() {
                 return;
             }
             layer += 1;
@@ -169,7 +191,7 @@ impl<'a> AvailIndex<'a> {
             } else {
                 word.fetch_and_acq_rel(!bit)
             };
-            if old != bit || layer == self.top {
+            if old != bit || layer == self.top() {
                 break;
             }
             layer += 1;
@@ -205,7 +227,7 @@ impl<'a> AvailIndex<'a> {
         while (lo >> (FANOUT_SHIFT * (layer + 1))) != (hi >> (FANOUT_SHIFT * (layer + 1))) {
             layer += 1;
         }
-        debug_assert!(layer <= self.top);
+        debug_assert!(layer <= self.top());
         let shift = FANOUT_SHIFT * layer;
         let (mut w, _) = word_bit(lo >> shift);
         let first = (lo >> shift) & (FANOUT - 1);
@@ -235,10 +257,10 @@ impl<'a> AvailIndex<'a> {
     /// `available` are Available: for the parallel init.
     pub fn initial_word(&self, i: usize, available: impl Iterator<Item = u32>) -> u32 {
         let mut layer = 0;
-        while layer < self.top && i >= self.offset[layer as usize + 1] as usize {
+        while layer < self.top() && i >= self.offset(layer + 1) as usize {
             layer += 1;
         }
-        let w = (i - self.offset[layer as usize] as usize) as u32;
+        let w = (i - self.offset(layer) as usize) as u32;
         let mut value = 0;
         for n in available {
             let (word, bit) = word_bit(n >> (FANOUT_SHIFT * layer));
@@ -265,8 +287,8 @@ impl<'a> AvailIndex<'a> {
             })
             .count() as u32;
         let mut stale = 0;
-        for layer in 1..=self.top {
-            let below = self.offset[layer as usize] - self.offset[layer as usize - 1];
+        for layer in 1..=self.top() {
+            let below = self.offset(layer) - self.offset(layer - 1);
             for pos in 0..below {
                 let (w, bit) = word_bit(pos);
                 let summary = self.word(layer, w).load_relaxed() & bit != 0;
@@ -290,8 +312,8 @@ impl<'a> AvailIndex<'a> {
                 "TB6: index bit of node {n} disagrees with its state"
             );
         }
-        for layer in 1..=self.top {
-            let below = self.offset[layer as usize] - self.offset[layer as usize - 1];
+        for layer in 1..=self.top() {
+            let below = self.offset(layer) - self.offset(layer - 1);
             for pos in 0..below {
                 let (w, bit) = word_bit(pos);
                 let set = self.word(layer, w).load_relaxed() & bit != 0;
@@ -324,6 +346,23 @@ mod tests {
         let (sizes, total) = layer_words(super::super::MAX_LEVELS);
         assert_eq!(sizes, [1 << 19, 1 << 14, 1 << 9, 1 << 4, 1]);
         assert_eq!(total, sizes.iter().map(|&w| w as usize).sum::<usize>());
+    }
+
+    /// The closed forms the views use agree with the layer sizes, for every tree size.
+    #[test]
+    fn closed_forms_match_the_layer_sizes() {
+        for bits in 1..=super::super::MAX_LEVELS {
+            let (sizes, total) = layer_words(bits);
+            assert_eq!(index_words(bits), total, "{bits} bits");
+            let top = top_layer(bits);
+            assert_eq!(sizes[top as usize], 1, "{bits} bits: the top is one word");
+            let mut at = 0;
+            for layer in 0..=top {
+                assert_eq!(layer_offset(bits, layer), at, "{bits} bits, layer {layer}");
+                assert!(layer == top || sizes[layer as usize] > 1);
+                at += sizes[layer as usize];
+            }
+        }
     }
 
     /// Every order's range, every node: set → found (whatever the seed), clear → gone, and the

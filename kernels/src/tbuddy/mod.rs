@@ -252,21 +252,43 @@ impl<'a> TBuddy<'a> {
     /// availability index.
     pub const fn node_words(max_order: u32) -> usize {
         assert!(max_order <= MAX_ORDER);
-        (2usize << max_order) + index::layer_words(max_order + 1).1
+        (2usize << max_order) + index::index_words(max_order + 1)
     }
 
     /// The tree whose node words are `nodes` (at least `node_words(max_order)` words, for the
     /// largest such `max_order`). Works on zeroed memory, before init.
     pub fn new(header: &'a TBuddyHeader, nodes: &'a [Atomic32]) -> Self {
+        assert!(
+            nodes.len() >= Self::node_words(0),
+            "TBuddy: node array too small"
+        );
+        // SAFETY: checked just above.
+        unsafe { Self::new_unchecked(header, nodes) }
+    }
+
+    /// [`new`](Self::new) without its check, and with no branch: for the view that every
+    /// `malloc` and `free` builds (`DeviceHeap::from_base`), where a branch between the loads of
+    /// the heap's header split them into two round trips to memory.
+    ///
+    /// # Safety
+    /// `nodes` holds at least `node_words(0)` words.
+    #[inline(always)]
+    pub unsafe fn new_unchecked(header: &'a TBuddyHeader, nodes: &'a [Atomic32]) -> Self {
         // node_words(m) lies in [2^(m+1), 2^(m+2)): the index is far smaller than the tree.
         let len = nodes.len();
-        assert!(len >= Self::node_words(0), "TBuddy: node array too small");
         let mut max_order = (usize::BITS - 1 - len.leading_zeros() - 1).min(MAX_ORDER);
-        if Self::node_words(max_order) > len {
+        if (2usize << max_order) + index::index_words(max_order + 1) > len {
             max_order -= 1;
         }
         let tree_words = 2usize << max_order;
-        let (tree, rest) = nodes.split_at(tree_words);
+        // SAFETY: `tree_words <= len` by the choice of `max_order` (the caller's bound makes it
+        // at least 0).
+        let (tree, rest) = unsafe {
+            (
+                nodes.get_unchecked(..tree_words),
+                nodes.get_unchecked(tree_words..),
+            )
+        };
         Self {
             header,
             nodes: tree,
