@@ -105,9 +105,9 @@ fn word_bit(pos: u32) -> (u32, u32) {
 }
 
 impl<'a> AvailIndex<'a> {
-    /// The index of a tree whose node indices are `0..2^index_bits`, in `words`
-    /// (`layer_words(index_bits).1` of them). No loop that depends on the size: every large
-    /// `malloc` and `free` builds one.
+    /// The index of a tree whose node indices are `0..2^index_bits`, in the first
+    /// `index_words(index_bits)` of `words` (the rest are not the index's). No loop and no
+    /// branch: every large `malloc` and `free` builds one.
     #[inline]
     pub fn new(words: &'a [Atomic32], index_bits: u32) -> Self {
         debug_assert!(index_bits >= 1 && words.len() >= index_words(index_bits));
