@@ -86,6 +86,58 @@ fn callback_waits_for_readers() {
     });
 }
 
+/// `read_lock_fenced` (a fence, then the entry, as `free` enters): the callback never runs
+/// while the reader can see the object, and a write made before the section is released by a
+/// relaxed store inside it to a thread that acquires that store (the fence is the caller's
+/// release). Without the fence, loom reports the race on `data`.
+#[test]
+fn fenced_readers_are_waited_for_and_release_earlier_writes() {
+    loom::model(|| {
+        let srcu = Arc::new(Srcu::new());
+        let obj = new_obj();
+        let slot = Arc::new(Atomic64::new(obj as u64));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let data = Arc::new(UnsafeCell::new(0u32));
+        let flag = Arc::new(Atomic64::new(0));
+        let reader = {
+            let (srcu, slot) = (srcu.clone(), slot.clone());
+            let (data, flag) = (data.clone(), flag.clone());
+            thread::spawn(move || {
+                // SAFETY: only this thread writes, before the flag publishes it.
+                data.with_mut(|d| unsafe { *d = 7 });
+                let guard = srcu.read_lock_fenced();
+                let p = slot.load_acquire() as *const Obj;
+                if !p.is_null() {
+                    // SAFETY: reachable inside a read section → not reclaimed (INV(RCU1)).
+                    let v = unsafe { &*p }.value.with(|v| unsafe { *v });
+                    assert_eq!(v, LIVE, "a fenced reader saw a reclaimed object");
+                }
+                flag.store_relaxed(1);
+                drop(guard);
+            })
+        };
+        let observer = {
+            let (data, flag) = (data.clone(), flag.clone());
+            thread::spawn(move || {
+                if flag.load_acquire() == 1 {
+                    // SAFETY: loom reports a race if the write above is not ordered before.
+                    assert_eq!(data.with(|d| unsafe { *d }), 7);
+                }
+            })
+        };
+        let p = slot.swap_acq_rel(0) as *const Obj;
+        // SAFETY: the object stays allocated until the model ends.
+        unsafe { srcu.call_rcu(&(*p).head) };
+        assert_eq!(srcu.barrier_conditional(|h| reclaim(h, &ran)), Barrier::Ran);
+        assert_eq!(ran.load(SeqCst), 1);
+        reader.join().unwrap();
+        observer.join().unwrap();
+        assert!(srcu.is_idle());
+        assert_eq!(srcu.readers(), (0, 0));
+        free_obj(obj);
+    });
+}
+
 /// Two writers with conditional barriers and a reader: a writer that finds an owner running
 /// delegates (returns at once); every callback runs exactly once, none while a reader that
 /// could see its object is inside.
