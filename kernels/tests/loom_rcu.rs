@@ -43,9 +43,8 @@ fn reclaim(head: *const RcuHead, ran: &AtomicUsize) {
     ran.fetch_add(1, SeqCst);
 }
 
-/// Read the object published in `slot`, if any, inside a read section.
-fn read(srcu: &Srcu, slot: &Atomic64) {
-    let guard = srcu.read_lock();
+/// Read the object published in `slot`, if any: the caller is inside a read section.
+fn read_published(slot: &Atomic64) {
     // Acquire: pairs with the publication (the object is initialized).
     let p = slot.load_acquire() as *const Obj;
     if !p.is_null() {
@@ -53,7 +52,23 @@ fn read(srcu: &Srcu, slot: &Atomic64) {
         let v = unsafe { &*p }.value.with(|v| unsafe { *v });
         assert_eq!(v, LIVE, "reader saw a reclaimed object");
     }
+}
+
+/// Read the object published in `slot`, if any, inside a read section.
+fn read(srcu: &Srcu, slot: &Atomic64) {
+    let guard = srcu.read_lock();
+    read_published(slot);
     drop(guard);
+}
+
+/// The writer of the one-reader models: unlink the object in `slot`, queue it and run a
+/// conditional barrier, which must run its callback (and only it) at once.
+fn unlink_and_reclaim(srcu: &Srcu, slot: &Atomic64, ran: &AtomicUsize) {
+    let p = slot.swap_acq_rel(0) as *const Obj;
+    // SAFETY: the object stays allocated until the model ends.
+    unsafe { srcu.call_rcu(&(*p).head) };
+    assert_eq!(srcu.barrier_conditional(|h| reclaim(h, ran)), Barrier::Ran);
+    assert_eq!(ran.load(SeqCst), 1);
 }
 
 fn free_obj(p: *mut Obj) {
@@ -74,11 +89,7 @@ fn callback_waits_for_readers() {
             let (srcu, slot) = (srcu.clone(), slot.clone());
             thread::spawn(move || read(&srcu, &slot))
         };
-        let p = slot.swap_acq_rel(0) as *const Obj;
-        // SAFETY: the object stays allocated until the model ends.
-        unsafe { srcu.call_rcu(&(*p).head) };
-        assert_eq!(srcu.barrier_conditional(|h| reclaim(h, &ran)), Barrier::Ran);
-        assert_eq!(ran.load(SeqCst), 1);
+        unlink_and_reclaim(&srcu, &slot, &ran);
         reader.join().unwrap();
         assert!(srcu.is_idle());
         assert_eq!(srcu.readers(), (0, 0));
@@ -106,12 +117,7 @@ fn fenced_readers_are_waited_for_and_release_earlier_writes() {
                 // SAFETY: only this thread writes, before the flag publishes it.
                 data.with_mut(|d| unsafe { *d = 7 });
                 let guard = srcu.read_lock_fenced();
-                let p = slot.load_acquire() as *const Obj;
-                if !p.is_null() {
-                    // SAFETY: reachable inside a read section → not reclaimed (INV(RCU1)).
-                    let v = unsafe { &*p }.value.with(|v| unsafe { *v });
-                    assert_eq!(v, LIVE, "a fenced reader saw a reclaimed object");
-                }
+                read_published(&slot);
                 flag.store_relaxed(1);
                 drop(guard);
             })
@@ -125,11 +131,7 @@ fn fenced_readers_are_waited_for_and_release_earlier_writes() {
                 }
             })
         };
-        let p = slot.swap_acq_rel(0) as *const Obj;
-        // SAFETY: the object stays allocated until the model ends.
-        unsafe { srcu.call_rcu(&(*p).head) };
-        assert_eq!(srcu.barrier_conditional(|h| reclaim(h, &ran)), Barrier::Ran);
-        assert_eq!(ran.load(SeqCst), 1);
+        unlink_and_reclaim(&srcu, &slot, &ran);
         reader.join().unwrap();
         observer.join().unwrap();
         assert!(srcu.is_idle());
