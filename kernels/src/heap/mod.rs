@@ -365,10 +365,10 @@ pub struct HeapChunks<'h> {
 
 impl ChunkSource for HeapChunks<'_> {
     fn alloc_chunk(&self) -> Option<*mut u8> {
-        let heap = self.heap;
-        let mut offset = heap.buddy().alloc(CHUNK_ORDER);
+        let (heap, buddy) = (self.heap, self.heap.buddy());
+        let mut offset = buddy.alloc(CHUNK_ORDER);
         while offset.is_none() && heap.grow_on_demand(CHUNK_SIZE as u64) {
-            offset = heap.buddy().alloc(CHUNK_ORDER);
+            offset = buddy.alloc(CHUNK_ORDER);
         }
         let offset = offset?;
         add_reserved(heap.header, CHUNK_SIZE as u64);
@@ -503,12 +503,13 @@ impl<'a> DeviceHeap<'a> {
     pub fn stock_arenas(&self, thread: u64) -> bool {
         let kinds = crate::size_class::NUM_KINDS as u64;
         let arenas = self.arenas.len() as u64;
-        let chunks = self.buddy().usable_pages() >> CHUNK_ORDER;
+        let buddy = self.buddy();
+        let chunks = buddy.usable_pages() >> CHUNK_ORDER;
         if thread >= arenas * kinds || chunks < STOCK_HEADROOM * arenas * kinds {
             return false;
         }
         let group = Group::of(STOCK_TAG);
-        let Some(offset) = self.buddy().alloc_together(&group, CHUNK_ORDER) else {
+        let Some(offset) = buddy.alloc_together(&group, CHUNK_ORDER) else {
             return false;
         };
         add_reserved(self.header, CHUNK_SIZE as u64);
@@ -523,7 +524,7 @@ impl<'a> DeviceHeap<'a> {
             // SAFETY: the chunk came from `alloc_together` above and nobody else has it.
             unsafe { HeapChunks { heap: self }.free_chunk(chunk) };
         } else if chunks >= 2 * STOCK_HEADROOM * arenas * kinds
-            && let Some(offset) = self.buddy().alloc(CHUNK_ORDER)
+            && let Some(offset) = buddy.alloc(CHUNK_ORDER)
         {
             // Twice the room: the arena also adopts a chunk of this kind now (see above).
             add_reserved(self.header, CHUNK_SIZE as u64);
@@ -589,12 +590,13 @@ impl<'a> DeviceHeap<'a> {
             map[(granule / 32) as usize].fetch_or_relaxed(1 << (granule % 32));
         }
         let (mut at, end) = (offset >> PAGE_SHIFT, (offset + bytes) >> PAGE_SHIFT);
+        let buddy = self.buddy();
         while at < end {
             let order = (at.trailing_zeros())
                 .min(63 - (end - at).leading_zeros())
-                .min(self.buddy().max_order());
+                .min(buddy.max_order());
             // INV(TB10): the block is mapped and was not in the tree.
-            self.buddy().grow(at << PAGE_SHIFT, order);
+            buddy.grow(at << PAGE_SHIFT, order);
             at += 1 << order;
         }
     }
@@ -608,10 +610,10 @@ impl<'a> DeviceHeap<'a> {
             return 0;
         }
         self.trim();
-        let map = self.granule_map();
+        let (map, buddy) = (self.granule_map(), self.buddy());
         let mut n = 0;
         while n < out.len() {
-            let Some(offset) = self.buddy().take(shift as u32 - PAGE_SHIFT) else {
+            let Some(offset) = buddy.take(shift as u32 - PAGE_SHIFT) else {
                 break;
             };
             let granule = offset >> shift;
