@@ -297,18 +297,46 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             CLASS_GROUP_TAG | (ai as u64) << 8 | class.index() as u64,
         )
         .split(class.max_group());
-        if group.is_single() {
-            if active & active.wrapping_sub(1) == 0 {
-                self.alloc_alone(ai, class)
-            } else {
-                self.alloc_fast_single(ai, class)
-            }
+        if active & active.wrapping_sub(1) == 0 {
+            return self.alloc_alone(ai, class);
+        }
+        // Every other lane takes the group path, a lane alone with its class as a group of one:
+        // the lone-lane path beside it made a warp of several classes run both, one after the
+        // other. Each leader first tries its class's semaphore with one add; the lanes whose
+        // group got its units claim them and wait for each other before they return, so that
+        // they leave together and the caller's next steps (a `free`, the next `malloc`) find
+        // them in one group per class again. Without that, a warp that split by class here
+        // stayed split: at 2^18 threads × 64 rounds of malloc, write and free of 16–256 B, the
+        // kernel ran each warp's paths one group at a time (ncu: 3.1 group paths and 2.5 lone
+        // ones entered per warp and round, 55% of the stall samples waiting for instructions),
+        // and took 38.9 ms; with the wait, 10.1 ms (H100, docs/benchmarks.md). Lanes whose
+        // group missed (a refill, the runs, out of memory) do not wait: with a wait for every
+        // lane at the end of `malloc`, the fresh fills of mixed sizes were 20–45% slower.
+        let miss = if group.is_leader() {
+            self.arenas[ai]
+                .class(class)
+                .slots
+                .0
+                .wait_fast(group.size())
+                .err()
         } else {
-            self.alloc_fast_group(ai, class, &group)
+            None
+        };
+        let got = platform::ballot(active, group.is_leader() && miss.is_none());
+        let fast = got >> group.leader() & 1 != 0;
+        let fast_lanes = platform::ballot(active, fast);
+        if fast {
+            let p = self.serve_group(units_at(ai), ai, class, &group);
+            // No lane of `fast_lanes` waits on another lane of this warp before it gets here
+            // (a claim with units in hand ends without anyone else's step, INV(UA2)).
+            platform::sync_warp(fast_lanes);
+            p
+        } else {
+            self.alloc_group_after(miss, ai, class, &group)
         }
     }
 
-    /// `out.len()` blocks of `size` bytes as one group takes them (`alloc_fast_group`, for a
+    /// `out.len()` blocks of `size` bytes as one group takes them (`UAlloc::malloc`'s group path, for a
     /// single thread): one semaphore operation, or the arena's run of the class when that
     /// found no units. All or nothing: `out.len() <= max_group()` of the class. Returns
     /// whether it succeeded; on failure `out` is all null.
@@ -486,24 +514,38 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// The group fast path (`alloc_fast`): the leader takes `k` units with one `wait` and claims
-    /// slots for everyone, one broadcast per claim (usually one claim: one `fetch_or` on a
-    /// 64-bit word serves the whole group). Collective over `group` (collective.rs rules): the
-    /// loop runs the same number of times on every lane because `assigned` only changes by
-    /// broadcast values.
+    /// The group path after its leader's `wait_fast` missed (`miss`, on the leader only): the
+    /// leader finds the group's slots the slow way (a wait, a refill, the runs) and the group
+    /// takes them ([`serve_group`](Self::serve_group)). Collective over `group`.
     ///
     /// A whole warp of a small class whose arena has no units for it takes its slots from the
-    /// arena's run instead ([`IN_RUNS`], `ualloc::run`).
+    /// arena's run ([`IN_RUNS`], `ualloc::run`).
     #[inline(never)]
-    fn alloc_fast_group(&self, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
-        let k = group.size();
-        let rank = group.rank();
-        let at = if group.is_leader() {
-            self.find_group_slots(ai, class, k)
-        } else {
-            0
+    fn alloc_group_after(
+        &self,
+        miss: Option<Miss>,
+        ai: usize,
+        class: SizeClass,
+        group: &Group,
+    ) -> *mut u8 {
+        let at = match miss {
+            Some(miss) => self.find_group_slots_after(miss, ai, class, group.size()),
+            None => 0,
         };
         let at = group.broadcast_u64(at);
+        self.serve_group(at, ai, class, group)
+    }
+
+    /// Each lane of `group` gets its slot of what the leader found (`at`, broadcast: see
+    /// [`units_at`]): from the arena's run, a fresh bin, or the units' slots claimed from the
+    /// arena's list by the leader, one broadcast per claim (usually one claim: one `fetch_or`
+    /// on a 64-bit word serves the whole group); with nothing found, from another arena
+    /// (steal.rs). Collective over `group` (collective.rs rules): the loop runs the same number
+    /// of times on every lane because `assigned` only changes by broadcast values.
+    #[inline(never)]
+    fn serve_group(&self, at: u64, ai: usize, class: SizeClass, group: &Group) -> *mut u8 {
+        let k = group.size();
+        let rank = group.rank();
         if at & IN_RUNS != 0 {
             return run_group_slot(class, at, rank);
         }

@@ -18,9 +18,11 @@
 //! # malloc (two stages: count, then find)
 //! 1. Lanes of a warp asking for the same class in the same arena form a [`Group`](crate::collective::Group); its
 //!    leader takes `k` units from the class's slots semaphore with one `wait`.
-//! 2. `Acquired` (the fast path, `alloc_fast_group`): the leader walks the
+//! 2. `Acquired` (the fast path, `serve_group`): the leader walks the
 //!    class's bin list under the arena's SRCU and claims free bits with one `fetch_or` per
 //!    bitmap word (usually one for the whole group), broadcasting each claim to the group.
+//!    The lanes whose groups got their units this way leave `malloc` together (a
+//!    `bar.warp.sync`), so that a warp split by class meets again in the caller.
 //! 3. `MustRefill` (the slow path, `alloc_slow`): the leader takes fresh bins from the
 //!    arena's chunks (a collective over the lanes of the warp that need bins of that kind:
 //!    one chunk-list lock, each member walks to its own run of free bins; several bins while

@@ -7,7 +7,7 @@
 //! - the lane that is the one lane of its warp asking for a small block (`alloc_alone`), for
 //!   every class: one item;
 //! - a group of lanes of a small class (16 B – 128 B) whose arena's semaphore had no units
-//!   for it (`alloc_fast_group`): its `k` items with one add. That is a fresh fill's common
+//!   for it (`alloc_group_after`): its `k` items with one add. That is a fresh fill's common
 //!   case, and a warm heap's slots stay with the semaphore and the lists.
 //!
 //! Without a run, such a lane or group takes its slots with a chain of dependent atomics: the
