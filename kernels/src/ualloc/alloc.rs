@@ -327,8 +327,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let fast_lanes = platform::ballot(active, fast);
         if fast {
             let p = self.serve_group(units_at(ai), ai, class, &group);
-            // No lane of `fast_lanes` waits on another lane of this warp before it gets here
-            // (a claim with units in hand ends without anyone else's step, INV(UA2)).
+            // Every lane of `fast_lanes` gets here: a claim with units in hand ends (INV(UA2):
+            // their slots are listed, or on the pending stack that the walk drains itself),
+            // and no lane waiting here holds a lock or a promise that another lane needs.
             platform::sync_warp(fast_lanes);
             p
         } else {
