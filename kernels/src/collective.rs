@@ -76,6 +76,22 @@ impl Group {
         }
     }
 
+    /// The lanes of the group from rank `first` on, for a lane among them (`first <= rank`):
+    /// those a step that served the lowest ranks left over. No collective: every lane
+    /// computes it from the mask.
+    #[inline(always)]
+    pub fn from_rank(&self, first: u32) -> Group {
+        debug_assert!(first <= self.rank());
+        if first == 0 {
+            return *self;
+        }
+        let lowest = platform::nth_set_bit_u32(self.mask, first);
+        Group {
+            mask: self.mask & !((1u32 << lowest) - 1),
+            lane: self.lane,
+        }
+    }
+
     /// The lanes of the group.
     #[inline(always)]
     pub fn mask(&self) -> u32 {

@@ -64,6 +64,8 @@ pub mod run;
 #[doc(hidden)]
 pub mod size_class;
 #[doc(hidden)]
+pub mod stash;
+#[doc(hidden)]
 pub mod tbuddy;
 #[doc(hidden)]
 pub mod ualloc;

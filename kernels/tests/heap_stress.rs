@@ -1070,14 +1070,21 @@ fn small_fills_take_back_what_the_runs_hold() {
         unsafe { heap.free(p) };
     }
     heap.trim();
+    // Every block is freed after both SMs stocked their runs: a freed block waits in its
+    // order's stash (INV(HP6)), and the other SM's first take would serve it from there
+    // instead of stocking.
+    let mut large = Vec::new();
     for sm in 0..2 {
         toga_kernels::platform::set_sm_id(sm);
         for size in [5000, 9000] {
             let p = heap.malloc(size);
             assert!(!p.is_null());
-            // SAFETY: a live block, freed once.
-            unsafe { heap.free(p) };
+            large.push(p);
         }
+    }
+    for p in large {
+        // SAFETY: a live block, freed once.
+        unsafe { heap.free(p) };
     }
     let (b8, b16) = (heap.run_blocks(1) as u64, heap.run_blocks(2) as u64);
     assert!(b8 >= 4 && b16 >= 4, "this heap has runs of both orders");

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!  base                                                   data (CHUNK_SIZE-aligned address)
-//!  │ HeapHeader │ stats shards │ arenas │ TBuddy nodes │ large-block table │pad│ data region ...
-//!  └──────────────────────── metadata ──────────────────────────────────────┘   pages × PAGE_SIZE
+//!  │ HeapHeader │ stats shards │ arenas │ TBuddy nodes │ large-block table │ stash slots │pad│ data ...
+//!  └──────────────────────── metadata ────────────────────────────────────────────────────┘
 //! ```
 //! Every metadata structure is valid when zeroed: the host zeroes the allocation, writes the
 //! [`Geometry`] into the header, and an init kernel sets up the buddy tree.
@@ -19,12 +19,21 @@
 //! the block's first page, 0 elsewhere). `free` swaps it to 0: a second free of the same pointer,
 //! or a pointer into the middle of a block, reads 0 and is counted, never passed to TBuddy
 //! (INV(HP1)).
+//!
+//! # Freed large blocks wait in stashes (lazy coalescing)
+//! A freed block of an order in [`STASH_ORDERS`] (8 KiB to 256 KiB) goes into its order's
+//! [`Stash`] instead of climbing the buddy tree; a `malloc` of that order takes one from there
+//! before it looks in the tree. The stashes go back into the tree, merging as they go, when the
+//! heap trims: which `malloc` does before it answers null, and the host with `toga_trim`
+//! (INV(HP6)).
 
+use core::ops::Range;
 use core::ptr;
 
 use crate::collective::Group;
 use crate::platform::{self, Atomic32, Atomic64};
 use crate::size_class::{NUM_CLASSES, SizeClass};
+use crate::stash::{Stash, StashHeader};
 use crate::tbuddy::run::{self as block_run, Leftover, RUN_ORDERS, Take};
 use crate::tbuddy::{PAGE_SHIFT, PAGE_SIZE, TBuddy, TBuddyHeader};
 use crate::ualloc::{
@@ -54,6 +63,11 @@ const LARGE_RESERVE_TAG: u64 = 3 << 40;
 pub const STOCK_HEADROOM: u64 = 8;
 /// The smallest heap: one chunk of data.
 pub const MIN_HEAP_BYTES: u64 = CHUNK_SIZE as u64;
+/// The orders of the blocks a `free` puts into a stash (8 KiB to 256 KiB); larger ones, and
+/// UAlloc's chunks, go back into the tree at once.
+pub const STASH_ORDERS: Range<u32> = 1..CHUNK_ORDER;
+/// Stashes in the header: one per order of [`STASH_ORDERS`].
+pub const STASHES: usize = (STASH_ORDERS.end - STASH_ORDERS.start) as usize;
 // `DeviceHeap::malloc` serves small sizes without comparing them with the heap's size.
 const _: () = assert!(MAX_SMALL_SIZE as u64 <= MIN_HEAP_BYTES);
 /// The largest heap: the buddy tree's levels bound it (see `tbuddy::MAX_LEVELS`).
@@ -107,6 +121,10 @@ pub struct Geometry {
     pub nodes_offset: u64,
     pub node_words: u64,
     pub large_offset: u64,
+    /// The stashes' slots (INV(HP6)): `2^max_order` words, right after the large-block table
+    /// on the next line; the stash of order `k` holds `2^(max_order - k)` of them, from word
+    /// `2^max_order - 2^(max_order - k + 1)` on.
+    pub stash_offset: u64,
     pub data_offset: u64,
     pub pages: u64,
     pub max_order: u64,
@@ -164,7 +182,13 @@ impl Geometry {
 
     fn metadata_bytes(pages: u64, arenas: u64) -> u64 {
         let g = Self::layout(0, 0, pages, arenas);
-        g.large_offset + pages * 4
+        g.stash_offset + g.stash_words() * 4
+    }
+
+    /// Words of the stashes' slots: `2^max_order`, at least the blocks of any order
+    /// in the data region, so no stash can overflow (INV(ST2)).
+    pub fn stash_words(&self) -> u64 {
+        1 << self.max_order
     }
 
     /// Lay out a growable heap whose data region may reach `max_data_bytes` (rounded down to
@@ -188,7 +212,7 @@ impl Geometry {
         let mut g = Self::layout(base, 0, pages, arenas.max(1));
         let granules = pages >> (granule_shift - PAGE_SHIFT);
         g.granule_shift = granule_shift as u64;
-        g.granules_offset = align_up(g.large_offset + pages * 4, LINE_SIZE as u64);
+        g.granules_offset = align_up(g.stash_offset + g.stash_words() * 4, LINE_SIZE as u64);
         let map_bytes = granules.div_ceil(32) * 4;
         g.data_offset = align_up(g.granules_offset + map_bytes, granule);
         g.total_bytes = g.data_offset + pages * PAGE_SIZE as u64;
@@ -216,7 +240,9 @@ impl Geometry {
         let nodes_offset = align_up(arenas_offset + arenas * size_of::<Arena>() as u64, line);
         let node_words = TBuddy::node_words(max_order as u32) as u64;
         let large_offset = align_up(nodes_offset + node_words * 4, line);
-        let data_offset = align_up(base + large_offset + pages * 4, CHUNK_SIZE as u64) - base;
+        let stash_offset = align_up(large_offset + pages * 4, line);
+        let stash_end = stash_offset + (4 << max_order);
+        let data_offset = align_up(base + stash_end, CHUNK_SIZE as u64) - base;
         Self {
             base,
             total_bytes,
@@ -226,6 +252,7 @@ impl Geometry {
             nodes_offset,
             node_words,
             large_offset,
+            stash_offset,
             data_offset,
             pages,
             max_order,
@@ -306,6 +333,8 @@ pub struct HeapHeader {
     /// skip a trim that cannot help (INV(UA17)).
     pub trim_gate: TrimGate,
     pub buddy: TBuddyHeader,
+    /// The stashes' counters, one per order of [`STASH_ORDERS`] (INV(HP6)).
+    pub stash: [StashHeader; STASHES],
 }
 
 /// The growth mailbox: a few words of pinned host memory mapped into the device, through
@@ -404,9 +433,10 @@ impl ChunkSource for HeapChunks<'_> {
         (self.heap.buddy().free_pages() >> CHUNK_ORDER) as usize
     }
 
-    /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)).
+    /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)), and so
+    /// do the stashed blocks (INV(HP6)).
     fn reclaim(&self) -> u32 {
-        self.heap.flush_runs()
+        self.heap.flush_runs() + self.heap.flush_stashes()
     }
 
     /// A fixed heap's pages in chunks (the header's geometry, plain loads); a growable heap
@@ -880,14 +910,23 @@ impl<'a> DeviceHeap<'a> {
         }
     }
 
-    /// A block of `order` from the tree for the lanes of `group` (collective): the lanes that
-    /// ask for the same order share the blocks above it (`TBuddy::alloc_together`, INV(TB11)).
-    /// Out of line, so that a block from a run (the common case of a lone lane) does not build
-    /// the tree's view in local memory.
+    /// A block of `order` for the lanes of `group` (collective): from the order's stash where
+    /// it holds some (INV(HP6)), otherwise from the tree, where the lanes that ask for the
+    /// same order share the blocks above it (`TBuddy::alloc_together`, INV(TB11)). Out of
+    /// line, so that a block from a run (the common case of a lone lane) does not build the
+    /// tree's view in local memory.
     #[inline(never)]
     fn alloc_from_tree(&self, group: &Group, order: u32) -> Option<u64> {
+        let mut rest = *group;
+        if STASH_ORDERS.contains(&order) {
+            match self.stash(order).take(group) {
+                (Some(value), _) => return Some(Self::stashed_offset(value)),
+                // The lanes of the lowest ranks got a block; the others go on together.
+                (None, got) => rest = group.from_rank(got),
+            }
+        }
         let buddy = self.buddy();
-        let mut offset = buddy.alloc_together(group, order);
+        let mut offset = buddy.alloc_together(&rest, order);
         // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
         // (INV(UA4)); give them back and try again, as a small refill does (always once after
         // a trim, more often while trims still find something).
@@ -906,7 +945,8 @@ impl<'a> DeviceHeap<'a> {
         offset
     }
 
-    /// A block of `order` (in `RUN_ORDERS`) for a lone lane, from its SM's run: one add, and
+    /// A block of `order` (in `RUN_ORDERS`) for a lone lane, counted as reserved already:
+    /// from its SM's run, one add, and
     /// once per run a split of one block of the tree into a new run of
     /// [`run_blocks`](Self::run_blocks) blocks (`tbuddy::run`). Runs are stocked only while a
     /// quarter of the tree stays free after the split, the bound of the group path
@@ -922,6 +962,15 @@ impl<'a> DeviceHeap<'a> {
             Take::Block(offset) => Some(offset),
             Take::Elsewhere => None,
             Take::Stock => {
+                // Freed blocks of this order before a new run (INV(HP6)): the next take
+                // stocks again. Not counted as reserved yet, unlike a run's.
+                if let Some(value) = self.stash(order).take_one() {
+                    if let Some(left) = run.clear(shift) {
+                        self.give_back(left, order);
+                    }
+                    add_reserved(self.header, (PAGE_SIZE as u64) << order);
+                    return Some(Self::stashed_offset(value));
+                }
                 // A heap too small for runs of this order parks the word (levels 0).
                 let levels = self.run_levels(order);
                 let run_pages = 1u64 << (order + levels);
@@ -987,6 +1036,56 @@ impl<'a> DeviceHeap<'a> {
                     self.give_back(left, order);
                     flushed += 1;
                 }
+            }
+        }
+        flushed
+    }
+
+    /// The stash of `order` (in [`STASH_ORDERS`]). Its slots follow the large-block table on
+    /// the next line (`Geometry::stash_offset`), so the view finds them from the table's end
+    /// and the heap's size, with no load of the header.
+    #[inline(always)]
+    fn stash(&self, order: u32) -> Stash<'a> {
+        debug_assert!(STASH_ORDERS.contains(&order));
+        let pages = self.large.len() as u64;
+        let max_order = pages.next_power_of_two().trailing_zeros();
+        let line = LINE_SIZE as u64;
+        let end_of_large = self.large.as_ptr() as u64 + pages * 4;
+        let words = end_of_large.div_ceil(line) * line;
+        let first = (1u64 << max_order) - (1u64 << (max_order + 1 - order));
+        // SAFETY: `Geometry::layout` puts `2^max_order` words of slots there, in the heap's
+        // metadata (the header's base is line-aligned); the stash of `order` holds
+        // `2^(max_order - order)` of them from word `first` on.
+        let slots = unsafe {
+            core::slice::from_raw_parts(
+                (words as *const Atomic32).add(first as usize),
+                1 << (max_order - order),
+            )
+        };
+        Stash::new(
+            &self.header.stash[(order - STASH_ORDERS.start) as usize],
+            slots,
+        )
+    }
+
+    /// The offset of the block whose stashed value is `value` (its first page + 1).
+    #[inline(always)]
+    fn stashed_offset(value: u32) -> u64 {
+        ((value - 1) as u64) << PAGE_SHIFT
+    }
+
+    /// Give every stashed block back to the tree, merging it with its free buddies (a trim,
+    /// INV(HP6)). Returns how many blocks went back.
+    #[cold]
+    #[inline(never)]
+    fn flush_stashes(&self) -> u32 {
+        let buddy = self.buddy();
+        let mut flushed = 0;
+        for order in STASH_ORDERS {
+            let stash = self.stash(order);
+            while let Some(value) = stash.take_one() {
+                buddy.free(Self::stashed_offset(value), order);
+                flushed += 1;
             }
         }
         flushed
@@ -1130,13 +1229,25 @@ impl<'a> DeviceHeap<'a> {
     }
 
     /// The tree's half of a large free (the caller swapped the block's order out of the large
-    /// table): the lanes that give back blocks of one order together merge theirs first
+    /// table): a block of [`STASH_ORDERS`] goes into its order's stash, the lanes that free
+    /// blocks of one order with one ticket (INV(HP6)); a larger one goes back into the tree,
+    /// where the lanes that give back blocks of one order together merge theirs first
     /// (`TBuddy::free_together`). Returns the bytes given back. Out of line, so that the group
     /// path's registers stay off the small-block free.
     #[inline(never)]
     fn free_large(&self, offset: u64, order: u32) -> u64 {
         let group = Group::of(LARGE_FREE_TAG | order as u64);
-        self.buddy().free_together(&group, offset, order);
+        if STASH_ORDERS.contains(&order) {
+            let value = (offset >> PAGE_SHIFT) as u32 + 1;
+            if self.stash(order).put(&group, value) {
+                // INV(UA17): a trim may now find blocks to give back (the stash had none), so
+                // a refill out of memory must not skip it as futile.
+                let arena = &self.arenas[platform::sm_id() as usize % self.arenas.len()];
+                arena.harvest().note();
+            }
+        } else {
+            self.buddy().free_together(&group, offset, order);
+        }
         let bytes = (PAGE_SIZE as u64) << order;
         // One subtraction for the group: every lane's own on this one word, after the lanes
         // of a warp parted in `free_together`, held the free of 2^17 blocks of 8 KiB (ncu:

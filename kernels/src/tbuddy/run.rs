@@ -121,6 +121,14 @@ impl BlockRun {
         left.map(|l| Self::blocks(l, block_shift))
     }
 
+    /// Empty the word, for a lane asked to stock that found a block elsewhere (a stash): the
+    /// next take stocks. Returns the blocks of the run this swap took out that nobody was
+    /// handed, to give back.
+    pub fn clear(&self, block_shift: u32) -> Option<Leftover> {
+        let left = self.0.clear(LevelsInBase);
+        left.map(|l| Self::blocks(l, block_shift))
+    }
+
     /// Take the run out of its word (a trim): the blocks nobody was handed, to give back.
     pub fn flush(&self, block_shift: u32) -> Option<Leftover> {
         let left = self.0.flush(LevelsInBase);
