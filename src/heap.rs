@@ -31,6 +31,11 @@ pub const MIN_GRANULE: u64 = 2 << 20;
 /// size.
 pub const DEFAULT_INITIAL_BYTES: u64 = 8 << 20;
 
+/// Threads of a `toga_trim` launch: they give the stashed large blocks back to the buddy
+/// tree side by side (each block's climb is a chain of dependent atomics; one thread alone
+/// would climb once per block).
+const TRIM_THREADS: u64 = 1 << 15;
+
 /// How to build a heap; see [`Heap::builder`].
 #[derive(Clone, Debug)]
 pub struct HeapBuilder {
@@ -472,7 +477,7 @@ impl Heap {
         Ok(())
     }
 
-    /// Launch `f(base)` on one thread, in order on `stream` (init, trim, collect, bind).
+    /// Launch `f(base)` on one thread, in order on `stream` (init, collect, bind).
     fn launch_on_heap(&self, stream: &Arc<CudaStream>, f: &CudaFunction) -> Result<()> {
         // SAFETY: toga's one-thread heap kernels take only the heap's base; the heap outlives
         // the launch (ordering rule).
@@ -642,14 +647,23 @@ impl Heap {
         check(unsafe { sys::cuMemsetD32Async(at, 0, 2, stream.cu_stream()) })
     }
 
-    /// Give back the memory the small-block allocator holds but does not use, in order on
-    /// `stream`: empty bins go back to their chunks and empty chunks to the buddy tree, so
-    /// they can serve any size again. Kernels never need it (a `malloc` that finds no memory
-    /// does the same before it returns null); call it after a phase that freed many small
-    /// blocks, before reading `reserved` bytes, or before asking for one very large block.
-    /// Safe while other kernels use the heap.
+    /// Give back the memory the heap holds but does not use, in order on `stream`: freed
+    /// large blocks of 8 KiB to 256 KiB that wait in their order's stash for the next
+    /// `malloc` of that size go back to the buddy tree and merge there, empty bins go back to
+    /// their chunks and empty chunks to the tree, so they can serve any size again. Kernels
+    /// never need it (a `malloc` that finds no memory does the same before it returns null);
+    /// call it after a phase that freed many blocks, or before asking for one very large
+    /// block. Safe while other kernels use the heap.
     pub fn trim(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.launch_on_heap(stream, &self.trim)
+        // SAFETY: `toga_trim` takes only the heap's base; the heap outlives the launch
+        // (ordering rule).
+        unsafe {
+            stream
+                .launch_builder(&self.trim)
+                .arg(&self.base)
+                .launch(crate::launch_config(TRIM_THREADS))?;
+        }
+        Ok(())
     }
 
     /// The heap's device address, the `base` argument of toga's kernels.

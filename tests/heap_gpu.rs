@@ -406,35 +406,42 @@ fn zero_and_oversized_requests_return_null() {
 }
 
 /// A warp's large blocks freed together merge without the pair lock (`TBuddy::free_together`,
-/// INV(TB12)): per warp, lanes of three orders (8, 16 and 32 KiB) allocate together and free
-/// together, by their own warp (runs merge whole) and then in reverse thread order (each warp
-/// frees another warp's blocks, and a run's blocks meet lanes of other runs). After every free,
-/// with no trim, every page is free, a whole-heap block can be taken, and the heap's counters
-/// are back to zero; a lost merge or a block freed twice by a merge fails here.
+/// INV(TB12)): per warp, lanes of three orders (512 KiB, 1 and 2 MiB: above the stashes'
+/// orders) allocate together and free together, by their own warp and then in reverse thread
+/// order (each warp frees another warp's blocks). After every free, with no trim, every page
+/// is free, a whole-heap block can be taken, and the heap's counters are back to zero; a lost
+/// merge or a block freed twice by a merge fails here.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn a_warps_large_blocks_freed_together_merge_back_to_the_root() {
-    // 8, 16, 32 KiB by lane: 56 KiB per three threads; half the heap asked for.
-    large_blocks_freed_together_merge_back(56 << 10, 3, |i| 8192u32 << (i % 3));
+    // 512 KiB, 1, 2 MiB by lane: 3.5 MiB per three threads; half the heap asked for.
+    let sizes = |i| (512u32 << 10) << (i % 3);
+    large_blocks_freed_together_merge_back(1 << 30, 7 << 19, 3, sizes, false);
 }
 
-/// As above with one size, 8 KiB, in every lane: a warp's 32 blocks from one walk lie side by
-/// side and its own warp merges them into one block of 256 KiB in five rounds; in reverse
-/// thread order each warp frees another warp's blocks. This is the free of `f_large`, whose
-/// group's one subtraction of the reserved bytes the counters check here too.
+/// As above with 8 KiB in every lane, the free of `f_large`, whose group's one subtraction
+/// of the reserved bytes the counters check here too. The freed blocks wait in the 8 KiB
+/// stash (INV(HP6)), in reverse thread order too: every page but theirs is free. A trim then
+/// gives them back, they merge to the root, and the whole heap is one free block again.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn a_warps_8kib_blocks_freed_together_merge_back_to_the_root() {
-    large_blocks_freed_together_merge_back(8 << 10, 1, |_| 8192);
+    large_blocks_freed_together_merge_back(256 << 20, 8 << 10, 1, |_| 8192, true);
 }
 
-/// Half of a 256 MiB heap in blocks of `size(i)` for thread `i` (`per` threads ask for
-/// `bytes_per` bytes in all), allocated and freed by warps in four rounds, the odd ones in
-/// reverse thread order; every page comes back without a trim.
-fn large_blocks_freed_together_merge_back(bytes_per: u64, per: u64, size: impl Fn(usize) -> u32) {
+/// Half of a heap of `capacity` bytes in blocks of `size(i)` for thread `i` (`per` threads
+/// ask for `bytes_per` bytes in all), allocated and freed by warps in four rounds, the odd
+/// ones in reverse thread order; every page comes back, without a trim unless `stashed`
+/// (then every page but the freed blocks' is free before it).
+fn large_blocks_freed_together_merge_back(
+    capacity: u64,
+    bytes_per: u64,
+    per: u64,
+    size: impl Fn(usize) -> u32,
+    stashed: bool,
+) {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
-    let capacity = 256u64 << 20;
     let heap = Heap::new(&gpu, &stream, capacity).unwrap();
     let w = Workloads::new(&gpu).unwrap();
     let n = (capacity / 2 / bytes_per * per) as usize;
@@ -469,10 +476,19 @@ fn large_blocks_freed_together_merge_back(bytes_per: u64, per: u64, size: impl F
             ptrs = stream.clone_htod(&host_ptrs).unwrap();
         }
         w.free(&stream, Some(&heap), &ptrs).unwrap();
-        let probe = w.probe(&stream, &heap).unwrap();
+        let mut probe = w.probe(&stream, &heap).unwrap();
+        if stashed {
+            assert_eq!(
+                probe.free_bytes,
+                capacity - asked,
+                "round {round} (reverse: {reverse}): the freed blocks wait in their stash"
+            );
+            heap.trim(&stream).unwrap();
+            probe = w.probe(&stream, &heap).unwrap();
+        }
         assert_eq!(
             probe.free_bytes, capacity,
-            "round {round} (reverse: {reverse}): every page is free without a trim"
+            "round {round} (reverse: {reverse}): every page is free (stashed: {stashed})"
         );
         assert!(
             probe.whole_heap_block,

@@ -332,6 +332,56 @@ fn freed_small_blocks_serve_a_whole_heap_block_without_a_trim() {
     }
 }
 
+/// Freed large blocks wait in their order's stash (INV(HP6)): a heap filled with blocks of
+/// 8 KiB to 256 KiB and emptied again holds them out of the tree; the next `malloc` of each
+/// size takes a freed block back; and a whole-heap request, which finds the tree short,
+/// trims, so the stashed blocks go back, merge, and serve it.
+#[test]
+fn freed_large_blocks_wait_in_stashes_until_a_malloc_or_a_trim() {
+    let h = HostHeap::new(4 << 20, 2);
+    let heap = h.heap();
+    let pages = h.geometry.pages;
+    for size in [8usize << 10, 16 << 10, 64 << 10, 256 << 10] {
+        let mut blocks = Vec::new();
+        loop {
+            let p = heap.malloc(size);
+            if p.is_null() {
+                break;
+            }
+            blocks.push(p);
+        }
+        assert!(blocks.len() >= 8, "size {size}: {} blocks", blocks.len());
+        let before = heap.buddy().free_pages();
+        for &p in &blocks {
+            // SAFETY: live blocks, freed once.
+            unsafe { heap.free(p) };
+        }
+        assert_eq!(
+            heap.buddy().free_pages(),
+            before,
+            "size {size}: freed blocks stay out of the tree"
+        );
+        assert_eq!(heap_reserved(&h) % (CHUNK_SIZE as u64), 0, "size {size}");
+        // A stashed block freed again is counted and changes nothing (INV(HP1)).
+        let doubles = h.stat(stat::DOUBLE_FREES);
+        // SAFETY: a double free, which the heap detects for large blocks.
+        unsafe { heap.free(blocks[0]) };
+        assert_eq!(h.stat(stat::DOUBLE_FREES), doubles + 1, "size {size}");
+        let again = heap.malloc(size);
+        assert!(blocks.contains(&again), "size {size}: a stashed block serves");
+        // SAFETY: a live block, freed once.
+        unsafe { heap.free(again) };
+        let whole = heap.malloc(pages as usize * 4096);
+        assert!(!whole.is_null(), "size {size}: the whole heap is not allocatable");
+        // SAFETY: a live block, freed once.
+        unsafe { heap.free(whole) };
+        heap.buddy().assert_valid();
+        assert_eq!(heap.buddy().available_pages(), pages);
+    }
+    assert_eq!(h.stat(stat::DOUBLE_FREES), 4);
+    assert_eq!(h.stat(stat::INVALID_FREES), 0);
+}
+
 /// Spare chunks (INV(UA14)): a heap with room stocks each arena with one chunk per bin kind;
 /// the first adoption of each kind takes the spare without touching the tree, a second
 /// stocking keeps nothing, and a whole-heap request right after stocking is served (the

@@ -63,16 +63,20 @@ pub unsafe extern "ptx-kernel" fn toga_bind_heap(base: *mut u8) {
     }
 }
 
-/// Give back what UAlloc holds but does not use (`DeviceHeap::trim`): one thread per launch
-/// is enough; more threads would only join its trim.
+/// Give back what the heap holds but does not use (`DeviceHeap::trim`): every thread gives
+/// stashed large blocks back to the tree, one at a time (`DeviceHeap::flush_stashes`), so
+/// that their climbs run side by side; thread 0 then trims UAlloc, which more threads would
+/// only join.
 ///
 /// # Safety
 /// `base` is an initialized heap.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn toga_trim(base: *mut u8) {
+    // SAFETY: kernel contract.
+    let heap = unsafe { DeviceHeap::from_base(base) };
+    heap.flush_stashes();
     if platform::global_thread_id() == 0 {
-        // SAFETY: kernel contract.
-        unsafe { DeviceHeap::from_base(base) }.trim();
+        heap.trim();
     }
 }
 

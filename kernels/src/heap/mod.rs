@@ -1075,10 +1075,11 @@ impl<'a> DeviceHeap<'a> {
     }
 
     /// Give every stashed block back to the tree, merging it with its free buddies (a trim,
-    /// INV(HP6)). Returns how many blocks went back.
+    /// INV(HP6)). Returns how many blocks went back. Threads that call it at once share the
+    /// blocks (`toga_trim` runs it on many).
     #[cold]
     #[inline(never)]
-    fn flush_stashes(&self) -> u32 {
+    pub fn flush_stashes(&self) -> u32 {
         let buddy = self.buddy();
         let mut flushed = 0;
         for order in STASH_ORDERS {
