@@ -368,11 +368,17 @@ fn freed_large_blocks_wait_in_stashes_until_a_malloc_or_a_trim() {
         unsafe { heap.free(blocks[0]) };
         assert_eq!(h.stat(stat::DOUBLE_FREES), doubles + 1, "size {size}");
         let again = heap.malloc(size);
-        assert!(blocks.contains(&again), "size {size}: a stashed block serves");
+        assert!(
+            blocks.contains(&again),
+            "size {size}: a stashed block serves"
+        );
         // SAFETY: a live block, freed once.
         unsafe { heap.free(again) };
         let whole = heap.malloc(pages as usize * 4096);
-        assert!(!whole.is_null(), "size {size}: the whole heap is not allocatable");
+        assert!(
+            !whole.is_null(),
+            "size {size}: the whole heap is not allocatable"
+        );
         // SAFETY: a live block, freed once.
         unsafe { heap.free(whole) };
         heap.buddy().assert_valid();
