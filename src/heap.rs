@@ -157,7 +157,9 @@ pub struct Heap {
 pub struct HeapStats {
     /// Bytes of the data region (what the heap can hand out).
     pub capacity_bytes: u64,
-    /// Bytes taken from the buddy tree (UAlloc chunks plus large blocks), now.
+    /// Bytes taken from the buddy tree (UAlloc chunks plus live large blocks), now. Freed
+    /// large blocks of 8 KiB – 256 KiB that wait in their size's stash for the next `malloc`
+    /// are not counted, nor in the tree until a trim ([`Heap::trim`]) gives them back.
     pub reserved_bytes: u64,
     /// The most [`reserved_bytes`](Self::reserved_bytes) has been.
     pub reserved_high: u64,

@@ -504,6 +504,61 @@ fn large_blocks_freed_together_merge_back(
     }
 }
 
+/// Freed 8 KiB blocks wait in their stash (INV(HP6)) until a trim: three quarters of a 256 MiB
+/// heap in 8 KiB blocks are allocated and freed, then 2,048 threads ask for 64 KiB each (half
+/// the heap, not a stashed order's 8 KiB). The tree holds a quarter: most requests find it
+/// short, trim, and the threads that trim give the stashed blocks back side by side, where
+/// they merge. Every request must be served and pattern-checked, twice (the second round's
+/// 64 KiB blocks wait in their own stash in between), and then the whole heap is one block.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
+fn stashed_blocks_serve_other_sizes_after_a_shared_trim() {
+    let gpu = common::gpu();
+    let stream = gpu.default_stream();
+    let capacity = 256u64 << 20;
+    let heap = Heap::new(&gpu, &stream, capacity).unwrap();
+    let w = Workloads::new(&gpu).unwrap();
+    let phases: [(u32, u64); 2] = [(8 << 10, capacity / 4 * 3), (64 << 10, capacity / 2)];
+    for round in 0..2u32 {
+        for (phase, &(size, bytes)) in phases.iter().enumerate() {
+            let tag = round * 2 + phase as u32;
+            let n = (bytes / size as u64) as usize;
+            let d_sizes = stream.clone_htod(&vec![size; n]).unwrap();
+            let mut ptrs = stream.alloc_zeros::<u64>(n).unwrap();
+            w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, tag)
+                .unwrap();
+            let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
+            let served = host_ptrs.iter().filter(|&&p| p != 0).count();
+            assert_eq!(
+                served, n,
+                "round {round}: {served} of {n} blocks of {size} B"
+            );
+            let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+            w.check_free(&stream, &heap, &ptrs, &d_sizes, tag, false, &mut errors)
+                .unwrap();
+            assert_eq!(
+                stream.clone_dtoh(&errors).unwrap()[0],
+                0,
+                "round {round}: patterns"
+            );
+            w.free(&stream, Some(&heap), &ptrs).unwrap();
+        }
+    }
+    heap.trim(&stream).unwrap();
+    let probe = w.probe(&stream, &heap).unwrap();
+    assert_eq!(
+        probe.free_bytes, capacity,
+        "every page is back after a trim"
+    );
+    assert!(probe.whole_heap_block, "the root is Available");
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!((s.live_blocks(), s.used_bytes, s.reserved_bytes), (0, 0, 0));
+    assert_eq!(
+        (s.double_frees, s.invalid_frees, s.failed_allocations),
+        (0, 0, 0)
+    );
+}
+
 /// One lane per warp asks for 4–16 KiB, the others for nothing: 32,768 lone lanes on every SM
 /// at once take their blocks from their SMs' runs (`tbuddy::run`), stocking them as they run
 /// out. Every block is pattern-checked and freed on another stream; a trim then gives back

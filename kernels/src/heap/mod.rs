@@ -318,7 +318,8 @@ pub struct HeapHeader {
     /// (INV(HP3)); the exact count is the sum of the shards' `LIVE_BYTES`.
     pub used: Line,
     pub used_high: Line,
-    /// Bytes taken from TBuddy (UAlloc chunks and large blocks), and its high-water mark.
+    /// Bytes taken from TBuddy (UAlloc chunks and live large blocks; not stashed ones,
+    /// INV(HP6)), and its high-water mark.
     pub reserved: Line,
     pub reserved_high: Line,
     /// Growth while kernels run (INV(HP5)): the lock of the mailbox, held by the one thread
@@ -434,9 +435,16 @@ impl ChunkSource for HeapChunks<'_> {
     }
 
     /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)), and so
-    /// do the stashed blocks (INV(HP6)).
+    /// do the stashed blocks that the callers' shares left (INV(HP6)).
     fn reclaim(&self) -> u32 {
         self.heap.flush_runs() + self.heap.flush_stashes()
+    }
+
+    /// Every thread that trims gives stashed blocks back to the tree, one at a time, until
+    /// the stashes are empty (INV(HP6)): threads out of memory at once share the climbs, where
+    /// the one thread of the trim would climb once per block while the others wait.
+    fn reclaim_shared(&self) -> u32 {
+        self.heap.flush_stashes()
     }
 
     /// A fixed heap's pages in chunks (the header's geometry, plain loads); a growable heap

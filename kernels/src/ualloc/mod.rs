@@ -97,6 +97,15 @@ pub trait ChunkSource {
         0
     }
 
+    /// The part of [`reclaim`](Self::reclaim) that callers can share (default: nothing):
+    /// [`UAlloc::trim`] runs it on every caller before the one trim that walks the arenas, so
+    /// that threads out of memory at once share the work instead of waiting for one of them.
+    /// Returns how much this caller found. The heap gives its stashed large blocks back to its
+    /// buddy tree (INV(HP6)), each with its climb of the tree.
+    fn reclaim_shared(&self) -> u32 {
+        0
+    }
+
     /// About how many chunks `alloc_chunk` could still hand out (a hint; default: plenty).
     /// Fewer than four per arena makes UAlloc share bins and adoptions between arenas
     /// (INV(UA16), steal.rs).

@@ -381,14 +381,17 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     ///
     /// With a trim gate ([`with_trim_gate`](Self::with_trim_gate)), one trim walks the arenas
     /// at a time: a caller that comes while one runs waits for it to end and returns what it
-    /// found (INV(SF1)).
+    /// found (INV(SF1)). Before that, every caller does its share of what the source gives back
+    /// side by side (`ChunkSource::reclaim_shared`).
     #[cold]
     #[inline(never)]
     pub fn trim(&self) -> u32 {
-        match self.trim_gate {
-            Some(gate) => gate.run.run_or_join(|| self.trim_arenas()),
-            None => self.trim_arenas(),
-        }
+        let shared = self.source.reclaim_shared();
+        shared
+            + match self.trim_gate {
+                Some(gate) => gate.run.run_or_join(|| self.trim_arenas()),
+                None => self.trim_arenas(),
+            }
     }
 
     /// The harvest epoch (INV(UA17)), and whether a trim is futile in it (`TrimGate::epoch`).
