@@ -579,8 +579,9 @@ impl Heap {
     }
 
     /// Give back the mapped memory of a growable heap beyond `keep_bytes`, like
-    /// `cudaMemPoolTrimTo`: first UAlloc's unused bins and chunks go back to the buddy tree,
-    /// then whole free granules are taken out of it and unmapped. Blocks in use stay where
+    /// `cudaMemPoolTrimTo`: first the stashed large blocks and UAlloc's unused bins and chunks
+    /// go back to the buddy tree ([`Heap::trim`]), then whole free granules are taken out of it
+    /// and unmapped. Blocks in use stay where
     /// they are, so less may be released. Synchronizes `stream`. Returns the bytes released.
     pub fn trim_to(&self, stream: &Arc<CudaStream>, keep_bytes: u64) -> Result<u64> {
         let Backing::Growable(g) = &self.backing else {
@@ -588,6 +589,9 @@ impl Heap {
         };
         stream.context().bind_to_thread()?;
         self.launch_on_heap(stream, &g.collect)?;
+        // The stashed large blocks go back to the tree on many threads first: the one thread of
+        // `toga_heap_take_granules` trims too, and would climb once per stashed block.
+        self.trim(stream)?;
         let (granule, mapped) = {
             let vmm = g.vmm.lock().unwrap();
             (vmm.granule(), vmm.mapped().0)
