@@ -434,10 +434,10 @@ impl ChunkSource for HeapChunks<'_> {
         (self.heap.buddy().free_pages() >> CHUNK_ORDER) as usize
     }
 
-    /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)), and so
-    /// do the stashed blocks that the callers' shares left (INV(HP6)).
+    /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)). The
+    /// stashed blocks went back just before, in `reclaim_shared`.
     fn reclaim(&self) -> u32 {
-        self.heap.flush_runs() + self.heap.flush_stashes()
+        self.heap.flush_runs()
     }
 
     /// Every thread that trims gives stashed blocks back to the tree, one at a time, until

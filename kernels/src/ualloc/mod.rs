@@ -97,9 +97,10 @@ pub trait ChunkSource {
         0
     }
 
-    /// The part of [`reclaim`](Self::reclaim) that callers can share (default: nothing):
-    /// [`UAlloc::trim`] runs it on every caller before the one trim that walks the arenas, so
-    /// that threads out of memory at once share the work instead of waiting for one of them.
+    /// Like [`reclaim`](Self::reclaim), for what callers can share (default: nothing):
+    /// [`UAlloc::trim`] runs it on every caller before the one trim that walks the arenas (and
+    /// calls `reclaim`), so that threads out of memory at once share the work instead of
+    /// waiting for one of them.
     /// Returns how much this caller found. The heap gives its stashed large blocks back to its
     /// buddy tree (INV(HP6)), each with its climb of the tree.
     fn reclaim_shared(&self) -> u32 {
