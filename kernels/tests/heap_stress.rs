@@ -86,6 +86,26 @@ impl Drop for HostHeap {
     }
 }
 
+/// `malloc(size)` until it returns null: the blocks it served.
+fn fill_until_null(heap: &DeviceHeap<'_>, size: usize) -> Vec<*mut u8> {
+    let mut blocks = Vec::new();
+    loop {
+        let p = heap.malloc(size);
+        if p.is_null() {
+            return blocks;
+        }
+        blocks.push(p);
+    }
+}
+
+/// Free each of `blocks` once.
+fn free_all(heap: &DeviceHeap<'_>, blocks: &[*mut u8]) {
+    for &p in blocks {
+        // SAFETY: the caller's live blocks, each freed once here.
+        unsafe { heap.free(p) };
+    }
+}
+
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
@@ -265,35 +285,15 @@ fn exhaustion_then_full_recovery() {
     let h = HostHeap::new(4 << 20, 2);
     let heap = h.heap();
     for size in [64usize, 8192, 1000] {
-        let mut first = Vec::new();
-        loop {
-            let p = heap.malloc(size);
-            if p.is_null() {
-                break;
-            }
-            first.push(p);
-        }
-        for &p in &first {
-            // SAFETY: live blocks, freed once.
-            unsafe { heap.free(p) };
-        }
-        let mut second = Vec::new();
-        loop {
-            let p = heap.malloc(size);
-            if p.is_null() {
-                break;
-            }
-            second.push(p);
-        }
+        let first = fill_until_null(&heap, size);
+        free_all(&heap, &first);
+        let second = fill_until_null(&heap, size);
         assert_eq!(
             first.len(),
             second.len(),
             "size {size}: the heap recovered fully"
         );
-        for &p in &second {
-            // SAFETY: live blocks, freed once.
-            unsafe { heap.free(p) };
-        }
+        free_all(&heap, &second);
         heap.trim();
         heap.buddy().assert_valid();
         assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
@@ -305,19 +305,9 @@ fn freed_small_blocks_serve_a_whole_heap_block_without_a_trim() {
     let h = HostHeap::new(4 << 20, 2);
     let heap = h.heap();
     for size in [16usize, 64, 1000, 4096] {
-        let mut blocks = Vec::new();
-        loop {
-            let p = heap.malloc(size);
-            if p.is_null() {
-                break;
-            }
-            blocks.push(p);
-        }
+        let blocks = fill_until_null(&heap, size);
         assert!(blocks.len() > 100, "size {size}: {} blocks", blocks.len());
-        for &p in &blocks {
-            // SAFETY: live blocks, freed once.
-            unsafe { heap.free(p) };
-        }
+        free_all(&heap, &blocks);
         // No trim: the empty bins are still UAlloc's, and the large malloc that finds no
         // pages takes them back itself.
         let whole = heap.malloc(h.geometry.pages as usize * 4096);
@@ -342,20 +332,10 @@ fn freed_large_blocks_wait_in_stashes_until_a_malloc_or_a_trim() {
     let heap = h.heap();
     let pages = h.geometry.pages;
     for size in [8usize << 10, 16 << 10, 64 << 10, 256 << 10] {
-        let mut blocks = Vec::new();
-        loop {
-            let p = heap.malloc(size);
-            if p.is_null() {
-                break;
-            }
-            blocks.push(p);
-        }
+        let blocks = fill_until_null(&heap, size);
         assert!(blocks.len() >= 8, "size {size}: {} blocks", blocks.len());
         let before = heap.buddy().free_pages();
-        for &p in &blocks {
-            // SAFETY: live blocks, freed once.
-            unsafe { heap.free(p) };
-        }
+        free_all(&heap, &blocks);
         assert_eq!(
             heap.buddy().free_pages(),
             before,
@@ -480,10 +460,7 @@ fn stocked_heaps_with_twice_the_room_adopt_a_chunk_per_arena_and_kind() {
     blocks.push(heap.malloc(64));
     assert!(!blocks[blocks.len() - 1].is_null());
     assert_eq!(heap.buddy().free_pages(), pages - out);
-    for &p in &blocks {
-        // SAFETY: live blocks, freed once.
-        unsafe { heap.free(p) };
-    }
+    free_all(&heap, &blocks);
     let whole = heap.malloc(pages as usize * 4096);
     assert!(
         !whole.is_null(),
@@ -1111,23 +1088,10 @@ fn runs_of_large_blocks_race_trims_and_give_back_every_block() {
 fn small_fills_take_back_what_the_runs_hold() {
     let h = HostHeap::new(2 << 20, 2);
     let heap = h.heap();
-    let fill = |heap: &DeviceHeap<'_>| {
-        let mut blocks = Vec::new();
-        loop {
-            let p = heap.malloc(64);
-            if p.is_null() {
-                break blocks;
-            }
-            blocks.push(p);
-        }
-    };
     // The same fill with no run stocked.
     toga_kernels::platform::set_sm_id(0);
-    let plain = fill(&heap);
-    for &p in &plain {
-        // SAFETY: live blocks, freed once.
-        unsafe { heap.free(p) };
-    }
+    let plain = fill_until_null(&heap, 64);
+    free_all(&heap, &plain);
     heap.trim();
     // Every block is freed after both SMs stocked their runs: a freed block waits in its
     // order's stash (INV(HP6)), and the other SM's first take would serve it from there
@@ -1153,17 +1117,14 @@ fn small_fills_take_back_what_the_runs_hold() {
         "each run holds all but one of its blocks"
     );
     toga_kernels::platform::set_sm_id(0);
-    let blocks = fill(&heap);
+    let blocks = fill_until_null(&heap, 64);
     assert!(
         blocks.len() >= plain.len(),
         "{} blocks of 64 B with runs stocked, {} without",
         blocks.len(),
         plain.len()
     );
-    for &p in &blocks {
-        // SAFETY: live blocks, freed once.
-        unsafe { heap.free(p) };
-    }
+    free_all(&heap, &blocks);
     heap.trim();
     heap.buddy().assert_valid();
     assert_eq!(heap.buddy().available_pages(), h.geometry.pages);
