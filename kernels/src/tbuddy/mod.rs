@@ -861,12 +861,14 @@ impl<'a> TBuddy<'a> {
                 }
             }
             // Another holder took that node, or ours is between its Available store and its
-            // index bit (INV(TB6)): look again after a moment, from a new start of our own. The
-            // seed already differs from other threads' (SM, lane, time); the timer moves it on
-            // with no memory operation. (A ticket from one shared counter did it before: an
-            // atomic whose answer every retry waited for, from every SM at once. ncu of a fresh
-            // fill of 2^20 requests of 1–8192 B: 7 retries per claim, and the fill 2.08–2.11 →
-            // 1.92–1.99 ms without the ticket, H100.)
+            // index bit (INV(TB6)): look again after a moment, from a new start. The seed
+            // differs between SMs and lanes and over time (`scatter_seed`); the timer moves it
+            // on with no memory operation. Two threads whose seeds agree (same SM, lane and
+            // order in one tick of the timer) may pick the same node again, but each such
+            // collision has a winner, who leaves. (A ticket from one shared counter moved the
+            // seed before: an atomic whose answer every retry waited for, from every SM at
+            // once. ncu of a fresh fill of 2^20 requests of 1–8192 B: 7 retries per claim,
+            // and the fill 2.08–2.11 → 1.92–1.99 ms without the ticket, H100.)
             backoff.snooze();
             seed = mix(seed ^ platform::global_timer_ns());
         }
