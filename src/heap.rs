@@ -25,6 +25,9 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::vmm::{self, MailboxMemory, Service, ServiceCounts, Vmm};
 
+mod stream;
+pub use stream::{Freeable, HostBlock};
+
 /// The smallest granule a growable heap maps in (the driver's granularity may be larger).
 pub const MIN_GRANULE: u64 = 2 << 20;
 /// A growable heap's first mapping when the builder names none: CUDA's default device-heap
@@ -150,6 +153,8 @@ pub struct Heap {
     trim: cudarc::driver::CudaFunction,
     /// Host copy of the geometry, kept alive until the async copy that reads it has run.
     header_image: Vec<u8>,
+    /// Stream-ordered allocation from the host (`stream.rs`).
+    host: stream::HostOps,
 }
 
 /// What [`Heap::stats`] reports, like `cudaMemPoolAttr*`.
@@ -336,6 +341,7 @@ impl Heap {
             stock_arenas: gpu.function("toga_heap_stock_arenas").ok(),
             trim: gpu.function("toga_trim")?,
             header_image: Vec::new(),
+            host: stream::HostOps::load(gpu),
         };
         heap.reset(stream)?;
         heap.bind(gpu.module(), stream)?;

@@ -14,7 +14,7 @@ mod vmm;
 
 pub use error::{Error, Result};
 pub use gpu::{DeviceInfo, Gpu, device_count};
-pub use heap::{Heap, HeapBuilder, HeapStats};
+pub use heap::{Freeable, Heap, HeapBuilder, HeapStats, HostBlock};
 /// The layout of a heap in device memory ([`Heap::geometry`]).
 pub use toga_kernels::heap::Geometry;
 

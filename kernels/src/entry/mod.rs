@@ -8,6 +8,7 @@
 #[cfg(feature = "harness")]
 mod fit;
 mod heap;
+mod host_ops;
 #[cfg(feature = "harness")]
 mod litmus;
 #[cfg(feature = "harness")]
