@@ -5,6 +5,8 @@
 //! `heap` is in every module that links toga-kernels (the host needs it to bind a heap); the
 //! rest only with the `harness` feature, in toga's own PTX.
 
+#[cfg(feature = "capi")]
+mod capi;
 #[cfg(feature = "harness")]
 mod fit;
 mod heap;
