@@ -19,7 +19,20 @@
 //!                                                     (memory is short: take them elsewhere).
 //!  stock / flush: swap in the new run (or a parked word, or none); the run swapped out has
 //!        handed out exactly min(t, items) items, and the swapper gives back the rest.
+//!
+//!  guarded swap (`replace`, UAlloc's runs of slots, whose frees must tell a slot the run
+//!  still holds from one it handed out):
+//!        fetch_or(D) → the old run's t   (D: draining; adds see a count ≥ items: busy)
+//!        give back items t.. of the old run
+//!        swap in │ new base + 1 │ D │ kept │   (named, closed: its bins are published now)
+//!        swap in │ new base + 1 │ 0 │ kept │   (open)
 //! ```
+//!
+//! A reader ([`Run::look`], a `free`) that finds its slot's bin in the run the word names
+//! knows, from the word alone, whether the run handed the slot out: its item is below the
+//! count; or that a swap is under way (D): it waits for the swap and looks again. A run that
+//! the word no longer names handed out or gave back every item, so the slot's bit tells the
+//! truth (INV(UA19)).
 //!
 //! A stocker that finds no memory for a run parks the word: the lanes that come next go
 //! elsewhere at the cost of their add, and the add that reaches [`RECHECK`] looks for memory
@@ -29,15 +42,22 @@
 //! Invariants (`docs/invariants.md`):
 //! - TB14: every item of a run is handed out once, or given back once by the thread whose
 //!   swap took the run out of its word; never both, never neither.
+//! - UA19 (guarded swaps): while the word names a run without D, its items below the count
+//!   are exactly those handed out; a run's leftover items are given back before the word
+//!   stops naming it.
 
 use crate::platform::Atomic64;
 
 /// Where the base sits: above the count and the parked flag.
 const TAKEN_BITS: u32 = 24;
-/// The count of items handed out (taken by adds).
+/// The count of items handed out (taken by adds), with the draining flag as its top bit: a
+/// taker reads a draining word's count as far above any run's items.
 const COUNT_MASK: u64 = (1 << (TAKEN_BITS - 1)) - 1;
 /// The parked flag: no run, and memory was short when one was last looked for.
 const PARKED: u64 = 1 << (TAKEN_BITS - 1);
+/// The draining flag of a guarded swap ([`Run::replace`]): a swap is under way; takers wait
+/// or go elsewhere, and readers wait.
+const DRAIN: u64 = 1 << (TAKEN_BITS - 2);
 /// The largest base a word can name.
 pub const MAX_BASE: u64 = (1 << (64 - TAKEN_BITS)) - 2;
 /// The count on a parked word at which one lane looks for memory again.
@@ -53,7 +73,15 @@ pub const MAX_ITEMS: u32 = 1 << 16;
 /// The most items one add may take (a warp).
 pub const MAX_TAKE: u32 = 32;
 const _: () = assert!((MAX_ITEMS as u64) < CEILING && RECHECK < CEILING);
-const _: () = assert!(CEILING + 2048 * MAX_TAKE as u64 <= COUNT_MASK);
+// Counts of a word that is not draining stay below the flag (the adds in flight at the
+// ceiling included)...
+const _: () = assert!(CEILING + 2048 * MAX_TAKE as u64 <= DRAIN);
+// ...and those of a draining word below the parked flag: a drain starts from such a count,
+// and its adds, which are not given back (`take_many`), are those of the lanes that come to
+// the word while one swap gives back at most one run's items: each lane adds once and waits
+// (groups) or goes elsewhere (a lone lane, whose next `malloc` may add again). Room for 2^20
+// adds, 512 per thread of a full SM, during one swap's few dozen atomics.
+const _: () = assert!(DRAIN + CEILING + 2048 * MAX_TAKE as u64 + (1 << 20) <= PARKED);
 
 /// How many items the run at a base holds (at most [`MAX_ITEMS`]): one count for every run
 /// of a word (a `u32`), or a count that the stocker folded into the base itself
@@ -102,6 +130,29 @@ pub enum Takes {
     Busy(u64),
     /// Memory is short (the word is parked): take the items elsewhere.
     Parked,
+}
+
+/// What a guarded swap ([`Run::replace`]) puts in the word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// The run at `base`, whose items `0..kept` the swapper keeps.
+    Run { base: u64, kept: u32 },
+    /// No run, parked (memory is short).
+    Parked,
+    /// No run; the next add stocks.
+    Empty,
+}
+
+/// A guarded run's word, read ([`Run::look`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Look {
+    /// The run the word names (`None`: none).
+    pub base: Option<u64>,
+    /// Adds counted on it (its items below this were handed out, when not draining).
+    pub taken: u64,
+    /// A guarded swap is under way.
+    pub draining: bool,
+    word: u64,
 }
 
 /// Items of a run that a swap took out of its word and that nobody was handed (INV(TB14)):
@@ -169,8 +220,8 @@ impl Run {
         if taken <= stock_at && stock_at < taken + k {
             return Takes::Stock;
         }
-        if taken >= CEILING {
-            self.0.fetch_sub_relaxed(k);
+        if (CEILING..DRAIN).contains(&taken) {
+            self.give_add_back(word.wrapping_add(k), k);
         }
         if parked {
             Takes::Parked
@@ -191,6 +242,111 @@ impl Run {
         loop {
             let word = self.0.load_relaxed();
             if word & !COUNT_MASK != seen & !COUNT_MASK || word & COUNT_MASK < seen & COUNT_MASK {
+                return;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Take back an add of `k` that found a count at the ceiling, while the word holds the run
+    /// it was made on (`seen`, the word after it): a subtraction that came after a swap would
+    /// lower the next run's count, and hand its items out twice. Cold: a stocker was slow for
+    /// 2^21 adds.
+    #[cold]
+    fn give_add_back(&self, seen: u64, k: u64) {
+        let mut word = self.0.load_relaxed();
+        while word & !COUNT_MASK == seen & !COUNT_MASK && word & COUNT_MASK >= CEILING + k {
+            match self.0.compare_exchange_relaxed(word, word - k) {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// A guarded swap (module doc): put `next` in the word, giving the items of the run it
+    /// displaces that nobody was handed to `give_back` first, and calling `publish` while the
+    /// new run is named but closed (its bins' classes: a `free` that finds one of them waits
+    /// until the run opens). `wait`: when another guarded swap is under way, wait for it and
+    /// displace what it installs; otherwise return `false` at once, having done nothing (a
+    /// trim's flush: the other swapper empties the word of the run it displaces).
+    ///
+    /// Only UAlloc's runs of slots swap this way; every swap of their words must.
+    pub fn replace(
+        &self,
+        next: Next,
+        items: impl RunItems,
+        wait: bool,
+        give_back: impl FnOnce(Leftover),
+        publish: impl FnOnce(),
+    ) -> bool {
+        let mut backoff = crate::platform::Backoff::new();
+        let old = loop {
+            // Acq_rel: acquire the displaced run (what its stocker wrote about its items)
+            // before we give its items back; the count it returns is what was handed out.
+            let old = self.0.fetch_or_acq_rel(DRAIN);
+            if old & DRAIN == 0 {
+                break old;
+            }
+            if !wait {
+                return false;
+            }
+            while self.0.load_relaxed() & DRAIN != 0 {
+                backoff.snooze();
+            }
+        };
+        if let Some(left) = Self::leftover(old, items) {
+            give_back(left);
+        }
+        match next {
+            Next::Run { base, kept } => {
+                debug_assert!(base <= MAX_BASE && (1..=items.of(base)).contains(&kept));
+                let named = (base + 1) << TAKEN_BITS | kept as u64;
+                // Release: the displaced run's items are given back (their bits clear) before
+                // a reader sees that the word no longer names it (INV(UA19)).
+                self.0.swap_acq_rel(named | DRAIN);
+                publish();
+                // Release: pairs with the takers' acquire (the bins' classes and words).
+                self.0.swap_acq_rel(named);
+            }
+            Next::Parked => {
+                // As `stock(None)`: one add counted. Release as above.
+                self.0.swap_acq_rel(PARKED | 1);
+            }
+            Next::Empty => {
+                self.0.swap_acq_rel(0);
+            }
+        }
+        true
+    }
+
+    /// The word as a reader of a guarded run sees it (acquire: pairs with the release swaps
+    /// of [`replace`](Self::replace), so the leftovers that a displaced run's swapper gave
+    /// back are visible to what the reader does next).
+    #[inline(always)]
+    pub fn look(&self) -> Look {
+        let word = self.0.load_acquire();
+        let base = word >> TAKEN_BITS;
+        Look {
+            base: if base == 0 { None } else { Some(base - 1) },
+            taken: word & (DRAIN - 1),
+            draining: word & DRAIN != 0,
+            word,
+        }
+    }
+
+    /// Whether the word is all-zero (no run, not parked). Relaxed: a hint.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.0.load_relaxed() == 0
+    }
+
+    /// Wait until the word is no longer the draining word `seen` ([`Look`]): the swap under
+    /// way has ended (or moved on). Plain loads with back-off.
+    pub fn wait_while_draining(&self, seen: &Look) {
+        let mut backoff = crate::platform::Backoff::new();
+        loop {
+            let word = self.0.load_relaxed();
+            if word & DRAIN == 0 || word & !COUNT_MASK != seen.word & !COUNT_MASK {
                 return;
             }
             backoff.snooze();

@@ -13,7 +13,7 @@ use crate::ualloc::chunk::chunk_base;
 use crate::ualloc::layout::{
     BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
 };
-use crate::ualloc::run::run_pos_slot;
+use crate::ualloc::run::{CROSSED, crossed_slot, run_pos_slot};
 use crate::ualloc::{CLASS_GROUP_TAG, ChunkSource, SCAN_LIMIT, UAlloc};
 
 /// The address of slot `slot` of the bin whose header is at `bin`.
@@ -349,7 +349,26 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
         let class = SizeClass::from_size(size);
         let ai = self.arena_index();
-        let at = self.find_group_slots(ai, class, k);
+        let (at, crossed) = self.find_group_slots(ai, class, k);
+        if at & CROSSED != 0 {
+            let next = at & !(IN_RUNS | CROSSED);
+            for (r, p) in out.iter_mut().enumerate() {
+                *p = crossed_slot(class, next, crossed, r as u32);
+                if p.is_null() {
+                    *p = self.alloc_fast_single(ai, class);
+                }
+            }
+            if out.iter().all(|p| !p.is_null()) {
+                return true;
+            }
+            // All or nothing.
+            for p in out.iter_mut().filter(|p| !p.is_null()) {
+                // SAFETY: a block this call just took.
+                unsafe { self.free(*p) };
+                *p = ptr::null_mut();
+            }
+            return false;
+        }
         if at & IN_RUNS != 0 {
             for (r, p) in out.iter_mut().enumerate() {
                 *p = run_group_slot(class, at, r as u32);
@@ -397,9 +416,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// a whole warp's lanes whose arena had no units for it, outside a small heap, takes the
     /// arena's run's items: the run position with [`IN_RUNS`] ([`UAlloc::take_from_run`]).
     #[inline(always)]
-    fn find_group_slots(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
+    fn find_group_slots(&self, ai: usize, class: SizeClass, k: u32) -> (u64, u64) {
         match self.arenas[ai].class(class).slots.0.wait_fast(k) {
-            Ok(()) => units_at(ai),
+            Ok(()) => (units_at(ai), 0),
             Err(miss) => self.find_group_slots_after(miss, ai, class, k),
         }
     }
@@ -412,20 +431,28 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// 16 B – 4 KB (a few lanes per class and warp) was 17% slower with runs for every group
     /// and 10% slower for groups of 16 lanes or more; without them, groups of 16 or more and
     /// whole warps measured the same (H100, `docs/benchmarks.md`, 2026-11-26i).
+    /// The second word is 0, or the old run's items of a group whose add crossed the end of
+    /// a run ([`CROSSED`] on the first, `ualloc::run`).
     #[cold]
     #[inline(never)]
-    fn find_group_slots_after(&self, miss: Miss, ai: usize, class: SizeClass, k: u32) -> u64 {
+    fn find_group_slots_after(
+        &self,
+        miss: Miss,
+        ai: usize,
+        class: SizeClass,
+        k: u32,
+    ) -> (u64, u64) {
         if class.kind() == BinKind::Small && k >= RUN_GROUP && !self.small_heap() {
             // INV(SEM3): the miss's deduction goes back (one add nobody waits for).
             self.arenas[ai].class(class).slots.0.cancel(miss, k);
-            let at = self.take_from_run(ai, class, k);
-            if at != 0 {
-                return at | IN_RUNS;
+            let (at, crossed) = self.take_from_run(ai, class, k);
+            if at != 0 || crossed != 0 {
+                return (at | IN_RUNS, crossed);
             }
             // The run is parked: the usual way, from a new look at the semaphore.
-            return self.find_slots(ai, class, k);
+            return (self.find_slots(ai, class, k), 0);
         }
-        self.find_slots_after(miss, ai, class, k)
+        (self.find_slots_after(miss, ai, class, k), 0)
     }
 
     /// [`find_slots`](Self::find_slots) after its fast path missed: out of line, so that the
@@ -529,12 +556,36 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         class: SizeClass,
         group: &Group,
     ) -> *mut u8 {
-        let at = match miss {
+        let (at, crossed) = match miss {
             Some(miss) => self.find_group_slots_after(miss, ai, class, group.size()),
-            None => 0,
+            None => (0, 0),
         };
         let at = group.broadcast_u64(at);
+        if at & CROSSED != 0 {
+            // Uniform: `at` is the leader's.
+            return self.serve_crossed(at, group.broadcast_u64(crossed), ai, class, group);
+        }
         self.serve_group(at, ai, class, group)
+    }
+
+    /// A group whose add crossed the end of a run (`ualloc::run`): each lane's slot of the
+    /// old run or the next one; lanes left without one (no next run) take theirs alone.
+    #[cold]
+    #[inline(never)]
+    fn serve_crossed(
+        &self,
+        at: u64,
+        crossed: u64,
+        ai: usize,
+        class: SizeClass,
+        group: &Group,
+    ) -> *mut u8 {
+        let p = crossed_slot(class, at & !(IN_RUNS | CROSSED), crossed, group.rank());
+        if p.is_null() {
+            self.alloc_fast_single(ai, class)
+        } else {
+            p
+        }
     }
 
     /// Each lane of `group` gets its slot of what the leader found (`at`, broadcast: see

@@ -65,6 +65,10 @@ const _: () = assert!(
 );
 const _: () = assert!(USED_RETIRED & USED_COUNT_MASK == 0);
 
+/// On a bin's owner word: the bin was carved for a run of slots (`ualloc::run`, INV(UA19)).
+/// Arena indices stay far below it.
+pub const RUN_BIN: u32 = 1 << 31;
+
 /// The header of a bin (see the module doc). Lives at the bin's first byte.
 #[repr(C, align(128))]
 pub struct BinHeader {
@@ -88,7 +92,8 @@ pub struct BinHeader {
     /// Index of the arena that carved the bin: its class list, slot semaphore and SRCU domain
     /// hold the bin while carved (INV(UA12)); usually the arena of the bin's chunk, another
     /// one when the bin was taken from another arena's chunk (steal.rs). Set before the class
-    /// is published.
+    /// is published. With [`RUN_BIN`] when the bin was carved for a run of slots
+    /// (`ualloc::run`): a `free` into it asks the run whether it handed the slot out.
     owner: Atomic32,
     /// Crossings of "full" downwards not yet settled by a drain of the owner's
     /// [`PendingStack`](super::pending::PendingStack) for the class; non-zero exactly while
@@ -249,11 +254,12 @@ impl BinHeader {
     /// (an acquire) it belongs to the carving whose class was seen, or a later one.
     #[inline(always)]
     pub fn owner(&self) -> u32 {
-        self.owner.load_relaxed()
+        self.owner.load_relaxed() & !RUN_BIN
     }
 
-    /// `info` and [`owner`](Self::owner), loaded back to back so that both are in flight at
-    /// once. `ordered`: `info` with acquire, as [`class`](Self::class); otherwise hints.
+    /// `info` and the owner's word ([`owner`](Self::owner), with [`RUN_BIN`] when the bin
+    /// was carved for a run), loaded back to back so that both are in flight at once.
+    /// `ordered`: `info` with acquire, as [`class`](Self::class); otherwise hints.
     #[inline(always)]
     pub fn look(&self, ordered: bool) -> (Option<SizeClass>, u32) {
         let info = if ordered {

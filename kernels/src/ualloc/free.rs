@@ -21,13 +21,14 @@ use crate::platform;
 use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::note_not_full;
 use crate::ualloc::arena::Arena;
-use crate::ualloc::bin::BinHeader;
+use crate::ualloc::bin::{BinHeader, RUN_BIN};
 use crate::ualloc::chunk::{ChunkHeader, chunk_base};
 use crate::ualloc::layout::{PAGE_SIZE, SlotArea, WORD_BITS, area_of};
+use crate::ualloc::run::{Held, run_holds};
 use crate::ualloc::{ChunkSource, FreeOutcome, UAlloc};
 
-/// Where a block lies: its bin, class and slot, the bin's owner, and the chunk kind it was
-/// found with.
+/// Where a block lies: its bin, class and slot, the bin's owner, the chunk kind it was
+/// found with, and whether the bin was carved for a run of slots.
 #[derive(Clone, Copy)]
 struct Spot<'a> {
     bin: &'a BinHeader,
@@ -35,6 +36,17 @@ struct Spot<'a> {
     slot: u32,
     owner: u32,
     kind: BinKind,
+    in_run: bool,
+}
+
+impl Spot<'_> {
+    /// Whether the slot may be freed as far as the runs go (INV(UA19)): its bin was not
+    /// carved for a run, or the arena's run of its class does not hold it. Inside the read
+    /// section of the free's arena, after the look.
+    #[inline(always)]
+    fn not_held(&self, arena: &Arena) -> bool {
+        !self.in_run || matches!(run_holds(arena, self.class, self.bin, self.slot), Held::No)
+    }
 }
 
 /// Look `addr` up in `chunk` as a chunk of `kind`. The chunk's magic and kind and the bin's
@@ -89,7 +101,8 @@ fn locate_hint(chunk: &ChunkHeader, addr: usize) -> Option<Spot<'_>> {
 
 /// The checks of a look, once its words are loaded: the chunk is `live` as a chunk of
 /// `kind`, and the bin (in `area` of it) is carved for a class of that kind (INV(UA5),
-/// INV(UA8): a live chunk keeps its kind) with a slot starting at the address.
+/// INV(UA8): a live chunk keeps its kind) with a slot starting at the address. `owner`: the
+/// bin's owner word ([`RUN_BIN`] included).
 #[inline(always)]
 fn spot(
     live: bool,
@@ -115,8 +128,9 @@ fn spot(
         bin,
         class,
         slot,
-        owner,
+        owner: owner & !RUN_BIN,
         kind,
+        in_run: owner & RUN_BIN != 0,
     })
 }
 
@@ -232,12 +246,28 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         };
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
         let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
-        // The entry's fence also releases the caller's writes to the block (free_bits).
-        let reader = arena.rcu.read_lock_fenced();
-        // INV(UA8)/INV(UA12)/INV(RCU1): re-checked inside the read section, the bin stays
-        // carved by this arena (and its chunk UAlloc's) until we leave it.
-        let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
-            return FreeOutcome::Invalid;
+        let (reader, at) = loop {
+            // The entry's fence also releases the caller's writes to the block (free_bits).
+            let reader = arena.rcu.read_lock_fenced();
+            // INV(UA8)/INV(UA12)/INV(RCU1): re-checked inside the read section, the bin stays
+            // carved by this arena (and its chunk UAlloc's) until we leave it.
+            let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
+                return FreeOutcome::Invalid;
+            };
+            if !at.in_run {
+                break (reader, at);
+            }
+            // INV(UA19): a slot that the run of its bin still holds was never handed out.
+            match run_holds(arena, at.class, at.bin, at.slot) {
+                Held::No => break (reader, at),
+                Held::Yes => return FreeOutcome::Invalid,
+                Held::Swapping(seen) => {
+                    // Outside the section (a swap gives back items inside read sections of
+                    // its own), until the swap ends; then the look again.
+                    drop(reader);
+                    arena.slot_run(at.class).wait_while_draining(&seen);
+                }
+            }
         };
         let word = at.slot / WORD_BITS as u32;
         let bit = 1u64 << (at.slot % WORD_BITS as u32);
@@ -282,9 +312,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // slot in the word they were grouped by (INV(UA8)/INV(RCU1)).
         group.sync();
         let here = match (arena, hint) {
-            (Some(_), Some((_, kind))) => {
-                locate_as(chunk, addr, kind, true).filter(|s| s.owner as usize == ai)
-            }
+            (Some(a), Some((_, kind))) => locate_as(chunk, addr, kind, true)
+                .filter(|s| s.owner as usize == ai && s.not_held(a)),
             _ => None,
         };
         let (slot, class, bin) = match here {
@@ -413,7 +442,9 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             };
             let arena = &self.arenas[ai as usize];
             let reader = arena.rcu.read_lock_fenced();
-            let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
+            let Some(at) =
+                locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai && s.not_held(arena))
+            else {
                 drop(reader);
                 // SAFETY: forwarded.
                 out[i] = unsafe { self.free_single(ptrs[i], hint) };
@@ -434,6 +465,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 if let Some(m) = locate_as(chunk, a, kind, true)
                     && m.class == class
                     && word_key(m.bin, m.slot) == key
+                    && m.not_held(arena)
                 {
                     members[k] = (j, m.slot);
                     k += 1;

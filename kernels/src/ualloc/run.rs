@@ -25,6 +25,19 @@
 //! swapped out (the next stock, or a trim's flush) are freed by the swapper, whose release
 //! lists the bin and gives their units to the class's semaphore (INV(UA18)).
 //!
+//! # Stray frees (INV(UA19))
+//! A slot the run still holds has its bit set like a live block's, so the bitmap alone would
+//! take a free of it for a real one, and the run would hand it out again: two owners of one
+//! block. A run's bins are marked ([`RUN_BIN`] on the owner word), and a `free` into a marked
+//! bin asks the arena's run of the class ([`run_holds`]): a slot of the run the word names
+//! whose item is at or above the count was never handed out, and the free is refused
+//! (counted as invalid). Every swap of a run word is guarded ([`Run::replace`]): the run's
+//! leftover slots are given back before the word stops naming it, and the new run's bins are
+//! published only while the word names it closed, so a `free` never finds a run's slot that
+//! the word does not account for. A group that crosses the end of a run keeps the items it
+//! got there (its first lanes) and takes only the rest from the next run: nothing it was
+//! counted for goes back behind the word's back.
+//!
 //! Runs are stocked only while chunks are plenty (as many per arena as a refill of several
 //! bins needs, `PLENTY_CHUNKS_PER_ARENA`); otherwise the word is parked and lanes take their
 //! slots the usual way, at the cost of their add. A stocker that finds fewer neighbouring
@@ -32,10 +45,12 @@
 //! word, so that the next add tries again.
 
 use crate::platform;
-use crate::run::{Leftover, MAX_BASE, Take, Takes};
+use crate::run::{Leftover, Look, MAX_BASE, Next, Take, Takes};
 use crate::size_class::{BinKind, NUM_CLASSES, SizeClass};
 use crate::ualloc::alloc::slot_ptr;
+use crate::ualloc::arena::Arena;
 use crate::ualloc::arena::bin_at;
+use crate::ualloc::bin::{BinHeader, RUN_BIN};
 use crate::ualloc::free::{give_units, release_bits};
 use crate::ualloc::layout::{BLOCK_SHIFT, PAGE_SHIFT, PAGE_SIZE, SMALL_BINS, WORD_BITS};
 use crate::ualloc::refill::{JOINED, PLENTY_CHUNKS_PER_ARENA};
@@ -114,8 +129,10 @@ fn run_bin(base: u64, class: SizeClass, item: u32) -> (u64, u32) {
 }
 
 /// What [`UAlloc::carve_run`] made.
+#[derive(Clone, Copy)]
 enum Carved {
-    /// A run, at its first bin's address.
+    /// A run, at its first bin's address: prepared, its classes not yet published
+    /// ([`UAlloc::publish_run`]).
     Run(u64),
     /// Ordinary listed bins, the first at this address.
     Listed(u64),
@@ -144,6 +161,72 @@ pub(crate) fn run_pos_slot(pos: u64, class: SizeClass, r: u32) -> *mut u8 {
     run_slot(pos & !page, class, (pos & page) as u32 + r)
 }
 
+/// What the run of a slot's class holds of it ([`run_holds`]).
+pub(crate) enum Held {
+    /// Not the run's: the slot's bit tells whether it is live.
+    No,
+    /// The run holds the slot: nobody was handed it.
+    Yes,
+    /// The run's word is in a swap: wait for it ([`Run::wait_while_draining`]), then look
+    /// again.
+    Swapping(Look),
+}
+
+/// Whether the run of `class` of `arena` holds slot `slot` of `bin` (a bin carved for a run,
+/// [`RUN_BIN`]; INV(UA19)). Inside the read section of the free that asks, after its look.
+#[inline(always)]
+pub(crate) fn run_holds(arena: &Arena, class: SizeClass, bin: &BinHeader, slot: u32) -> Held {
+    let look = arena.slot_run(class).look();
+    let Some(base) = look.base else {
+        return Held::No;
+    };
+    let first = base << BLOCK_SHIFT;
+    let at = bin as *const BinHeader as u64;
+    let bins = run_bins(class) as u64;
+    if at < first || at - first >= bins << PAGE_SHIFT {
+        return Held::No;
+    }
+    if look.draining {
+        return Held::Swapping(look);
+    }
+    let item = ((at - first) >> PAGE_SHIFT) * class.slots() as u64 + slot as u64;
+    if item >= look.taken {
+        Held::Yes
+    } else {
+        Held::No
+    }
+}
+
+/// On a group leader's `at` ([`IN_RUNS`](super::alloc)): the group's add crossed the end of
+/// the run; its first lanes have that run's last items (the leader's second word,
+/// [`crossed_word`]), the others the next run's first (the position in `at`, 0: none).
+pub(crate) const CROSSED: u64 = 1 << 62;
+/// Where the count of a crossing group's items of the old run sits in the second word.
+const CROSSED_SHIFT: u32 = 56;
+
+/// The second word of a crossing group's leader: the run position of its items in the old
+/// run and how many there are.
+#[inline(always)]
+pub(crate) fn crossed_word(pos: u64, n: u32) -> u64 {
+    debug_assert!(pos < 1 << CROSSED_SHIFT && n <= crate::run::MAX_TAKE);
+    pos | (n as u64) << CROSSED_SHIFT
+}
+
+/// Lane `rank`'s slot of a crossing group: from the old run (`second`, [`crossed_word`]) for
+/// the first lanes, from the next run's position `next` for the rest; null for those when
+/// there is no next run (take them the usual way).
+#[inline(always)]
+pub(crate) fn crossed_slot(class: SizeClass, next: u64, second: u64, rank: u32) -> *mut u8 {
+    let n = (second >> CROSSED_SHIFT) as u32;
+    if rank < n {
+        run_pos_slot(second & ((1 << CROSSED_SHIFT) - 1), class, rank)
+    } else if next != 0 {
+        run_pos_slot(next, class, rank - n)
+    } else {
+        core::ptr::null_mut()
+    }
+}
+
 impl<S: ChunkSource> UAlloc<'_, S> {
     /// A slot of `class` for a lone lane of arena `ai` from the arena's run: one add, and once
     /// per run a carving. Null: take the slot the usual way.
@@ -162,14 +245,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// `k` slots of a small `class` for a group of arena `ai` from the arena's run, for its
     /// leader: the run position ([`run_pos`]) of the group's first item, the others after it;
     /// 0 when memory is short (the run is parked): the group takes its slots the usual way.
+    /// The second word is 0, or, with [`CROSSED`] on the first, the group's items of the
+    /// run its add used up ([`crossed_slot`]).
     ///
     /// A group whose add finds another lane stocking waits for it: the usual way would be a
-    /// refill of its own. A group whose add crosses the end of the run takes all its items
-    /// from the next, which it stocks, and frees the old run's last items as a swap's
-    /// leftover (INV(UA18)).
+    /// refill of its own. A group whose add crosses the end of the run keeps the old run's
+    /// last items for its first lanes and takes the rest from the next, which it stocks
+    /// (INV(UA19): an item counted as handed out is handed out).
     #[cold]
     #[inline(never)]
-    pub(crate) fn take_from_run(&self, ai: usize, class: SizeClass, k: u32) -> u64 {
+    pub(crate) fn take_from_run(&self, ai: usize, class: SizeClass, k: u32) -> (u64, u64) {
         let run = self.arenas[ai].slot_run(class);
         loop {
             match run.take_many(k, run_items(class)) {
@@ -179,24 +264,16 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     n,
                     stock,
                 } => {
+                    let pos = run_pos(base << BLOCK_SHIFT, first);
                     if !stock {
-                        return run_pos(base << BLOCK_SHIFT, first);
+                        return (pos, 0);
                     }
-                    let next = self.stock_slot_run(ai, class, k);
-                    self.give_back_slots(
-                        ai,
-                        class,
-                        Leftover {
-                            base,
-                            first,
-                            count: n,
-                        },
-                    );
-                    return next;
+                    let next = self.stock_slot_run(ai, class, k - n);
+                    return (next | CROSSED, crossed_word(pos, n));
                 }
-                Takes::Stock => return self.stock_slot_run(ai, class, k),
+                Takes::Stock => return (self.stock_slot_run(ai, class, k), 0),
                 Takes::Busy(seen) => run.wait_for_stock(seen),
-                Takes::Parked => return 0,
+                Takes::Parked => return (0, 0),
             }
         }
     }
@@ -215,15 +292,46 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     pub(crate) fn stock_slot_run(&self, ai: usize, class: SizeClass, keep: u32) -> u64 {
         let run = self.arenas[ai].slot_run(class);
         let items = run_items(class);
-        let (left, bin) = match self.carve_run(ai, class, keep) {
-            Carved::Run(bin) => (run.stock(Some(bin >> BLOCK_SHIFT), keep, items), bin),
-            Carved::Listed(bin) => (run.clear(items), bin),
-            Carved::Nothing => (run.stock(None, 1, items), 0),
+        let carved = self.carve_run(ai, class, keep);
+        let (next, bin) = match carved {
+            Carved::Run(bin) => (
+                Next::Run {
+                    base: bin >> BLOCK_SHIFT,
+                    kept: keep,
+                },
+                bin,
+            ),
+            Carved::Listed(bin) => (Next::Empty, bin),
+            Carved::Nothing => (Next::Parked, 0),
         };
-        if let Some(left) = left {
-            self.give_back_slots(ai, class, left);
+        // Guarded (INV(UA19)): the displaced run's leftovers go back before the word stops
+        // naming it, and the new run's bins are published while it names them closed.
+        run.replace(
+            next,
+            items,
+            true,
+            |left| self.give_back_slots(ai, class, left),
+            || {
+                if let Carved::Run(bin) = carved {
+                    self.publish_run(class, bin);
+                }
+            },
+        );
+        if let Carved::Run(_) = carved {
+            // INV(UA17): a trim may now find the run's slots to give back, so a refill out
+            // of memory must not skip it as futile.
+            self.arenas[ai].harvest().note();
         }
         bin
+    }
+
+    /// Publish the classes of the bins of a run that [`carve_run`](Self::carve_run) prepared
+    /// (after its release fence), while the run's word names it closed.
+    fn publish_run(&self, class: SizeClass, bin: u64) {
+        for j in 0..run_bins(class) as u64 {
+            // SAFETY: `take_bins` handed the carver these bins of a live chunk.
+            unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.publish_class(class);
+        }
     }
 
     /// A run of `class` for arena `ai`: bins side by side, carved full (INV(UA18)); or, when
@@ -257,20 +365,19 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             arena.class(class).slots.0.release(units);
             return Carved::Listed(bin);
         }
-        // Side by side (`take_bins`): bin `j` is a page after bin `j - 1`. Ours alone.
+        // Side by side (`take_bins`): bin `j` is a page after bin `j - 1`. Ours alone; marked
+        // as a run's (INV(UA19)).
         for j in 0..got as u64 {
             // SAFETY: `take_bins` handed us these bins of a live chunk.
-            unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.prepare_for(ai as u32, class, class.slots());
+            unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.prepare_for(
+                ai as u32 | RUN_BIN,
+                class,
+                class.slots(),
+            );
         }
-        // One release for every bin's words, then each bin's class (as a refill).
+        // One release for every bin's words; each bin's class follows (as a refill's) once
+        // the run's word names the run ([`publish_run`](Self::publish_run)).
         platform::fence_acq_rel();
-        for j in 0..got as u64 {
-            // SAFETY: as above.
-            unsafe { bin_at(bin + (j << PAGE_SHIFT)) }.publish_class(class);
-        }
-        // INV(UA17): a trim may now find the run's slots to give back, so a refill out of
-        // memory must not skip it as futile.
-        arena.harvest().note();
         Carved::Run(bin)
     }
 
@@ -306,14 +413,27 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         }
     }
 
-    /// Empty arena `ai`'s runs of slots (a trim). Returns how many gave something back.
+    /// Empty arena `ai`'s runs of slots (a trim), each with a guarded swap that does not wait
+    /// for another (whose swapper gives back what it displaces). Returns how many gave
+    /// something back.
     pub(crate) fn flush_slot_runs(&self, ai: usize) -> u32 {
         let mut flushed = 0;
         for class in SizeClass::ALL {
-            if let Some(left) = self.arenas[ai].slot_run(class).flush(run_items(class)) {
-                self.give_back_slots(ai, class, left);
-                flushed += 1;
+            let run = self.arenas[ai].slot_run(class);
+            // A hint: a run that a stock installs after it is the next trim's.
+            if run.is_empty() {
+                continue;
             }
+            run.replace(
+                Next::Empty,
+                run_items(class),
+                false,
+                |left| {
+                    self.give_back_slots(ai, class, left);
+                    flushed += 1;
+                },
+                || {},
+            );
         }
         flushed
     }
