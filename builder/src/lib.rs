@@ -1,30 +1,63 @@
-//! Compile a `no_std` Rust kernel crate to PTX with the upstream `nvptx64-nvidia-cuda` target.
+//! Compile a `no_std` Rust kernel crate to PTX from a `build.rs`, with rustc's upstream
+//! `nvptx64-nvidia-cuda` target.
 //!
-//! Rust-CUDA's `cuda_builder` needs a 2021 nightly and LLVM 7, neither of which exists here, so toga
-//! builds kernels with rustc's own nvptx backend. That target has no prebuilt `core` and no linker
-//! we can install, so this crate does both jobs:
+//! # Example
+//!
+//! The host crate's `build.rs`, for a kernel crate in its `device/` directory (with
+//! `toga-builder` in the host crate's `[build-dependencies]`):
+//!
+//! ```no_run
+//! fn main() {
+//!     // Make the builder first: when rustc runs this script as the PTX linker, `new` does the
+//!     // link and exits the process.
+//!     let ptx = toga_builder::Builder::new("device")
+//!         .build()
+//!         .unwrap_or_else(|e| e.exit());
+//!     // The host program embeds it with `include_str!(env!("MY_KERNELS_PTX"))`.
+//!     println!("cargo::rustc-env=MY_KERNELS_PTX={}", ptx.display());
+//! }
+//! ```
+//!
+//! The kernel crate is plain `no_std` Rust whose `extern "ptx-kernel"` functions become the
+//! PTX's entry points. It needs the `abi_ptx` feature (and `stdarch_nvptx` for
+//! `core::arch::nvptx`'s thread indices) on the nvptx target only:
+//!
+//! ```ignore
+//! #![no_std]
+//! #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+//!
+//! #[cfg(target_arch = "nvptx64")]
+//! #[unsafe(no_mangle)]
+//! pub unsafe extern "ptx-kernel" fn add_one(x: *mut u32) {
+//!     // SAFETY: the host passes one `u32`.
+//!     unsafe { *x += 1 };
+//! }
+//! ```
+//!
+//! A kernel crate that depends on `toga-kernels` gets its `#[panic_handler]` from there (the
+//! default `panic-handler` feature; a second one is an error, E0152). One that does not must
+//! define it, on the nvptx target only. The README's "Use toga in your kernels" has a whole
+//! project, which CI builds.
+//!
+//! # Requirements
+//!
+//! A nightly toolchain with the `rust-src` and `llvm-tools` components: a `rust-toolchain.toml`
+//! at the workspace root with `channel = "nightly"` and
+//! `components = ["rust-src", "llvm-tools"]` gives both. On any other toolchain
+//! [`Builder::build`] fails with [`BuildError::NotNightly`], which says so. No CUDA toolkit is
+//! needed.
+//!
+//! # How it works
+//!
+//! The target has no prebuilt `core` and no linker one can install, so this crate does both jobs:
 //!
 //! 1. it runs `cargo rustc --crate-type cdylib --target nvptx64-nvidia-cuda -Zbuild-std=core,alloc`
 //!    on the kernel crate, with fat LTO and `panic=abort`, in a target directory of its own (so the
 //!    inner cargo never waits on the lock of the outer build that runs the build script);
 //! 2. rustc hands the linker one fat-LTO bitcode object; the "linker" is the build script itself,
 //!    re-invoked in *linker mode*, which runs `llvm-link`, `opt` (internalize + O3) and `llc`
-//!    from the `llvm-tools` rustup component and writes the PTX.
-//!
-//! # Use from a `build.rs`
-//! ```no_run
-//! fn main() {
-//!     // Construct the builder before doing anything else: in linker mode `new` does the link
-//!     // and exits the process.
-//!     let ptx = toga_builder::Builder::new("kernels")
-//!         .arch("sm_70")
-//!         .build()
-//!         .unwrap_or_else(|e| e.exit());
-//!     println!("cargo::rustc-env=MY_KERNELS_PTX={}", ptx.display());
-//! }
-//! ```
-//! The kernel crate needs `#![no_std]`, `#![feature(abi_ptx, asm_experimental_arch)]` on nvptx, and a
-//! `#[panic_handler]`; its `extern "ptx-kernel"` functions become the PTX entry points.
+//!    from the `llvm-tools` rustup component and writes the PTX. Kernels are capped at 64
+//!    registers a thread, so that each fits a 1024-thread block.
 //!
 //! # Environment
 //! - `TOGA_PTX_ARCH` overrides the target architecture (default `sm_70`, which the driver JIT-compiles
@@ -72,6 +105,11 @@ pub enum BuildError {
     },
     /// `llvm-tools` is not installed for this toolchain.
     MissingLlvmTools(PathBuf),
+    /// The toolchain is not a nightly: the nvptx target, `-Zbuild-std` and `abi_ptx` need one.
+    NotNightly {
+        /// `rustc -vV`'s `release:` line, such as `1.95.0`.
+        release: String,
+    },
     /// The build finished but left no PTX file where expected.
     NoOutput(PathBuf),
     /// Reading or writing a file failed.
@@ -88,12 +126,19 @@ impl fmt::Display for BuildError {
         match self {
             Self::Spawn { tool, error } => write!(f, "could not run {tool}: {error}"),
             Self::Failed { tool, status } => {
-                write!(f, "{tool} failed ({status}); its messages are above")
+                write!(
+                    f,
+                    "{tool} failed ({status}); its own messages are in this build script's output"
+                )
             }
             Self::MissingLlvmTools(dir) => write!(
                 f,
-                "llvm-link/opt/llc not found in {}; run `rustup component add --toolchain nightly llvm-tools rust-src`",
+                "llvm-link/opt/llc not found in {}: the `llvm-tools` component is missing; add it to this build's toolchain with `rustup component add llvm-tools rust-src`, run in the workspace, or list both in its rust-toolchain.toml (components = [\"rust-src\", \"llvm-tools\"])",
                 dir.display()
+            ),
+            Self::NotNightly { release } => write!(
+                f,
+                "rustc {release} is not a nightly: building kernels for nvptx needs nightly Rust. Put a rust-toolchain.toml at the workspace root with\n\n[toolchain]\nchannel = \"nightly\"\ncomponents = [\"rust-src\", \"llvm-tools\"]\n\n(rustup installs it on the next build)"
             ),
             Self::NoOutput(p) => write!(f, "the kernel build produced no PTX at {}", p.display()),
             Self::Io { path, error } => write!(f, "{}: {error}", path.display()),
@@ -206,6 +251,7 @@ impl Builder {
         }
         let lib_name = crate_lib_name(&manifest)?;
         let target_dir = self.target_dir(&lib_name);
+        check_nightly()?;
         let llvm_bin = llvm_tools_dir()?;
         let me = env::current_exe().map_err(|error| BuildError::Io {
             path: "current_exe".into(),
@@ -445,6 +491,11 @@ pub fn llvm_tools_dir() -> Result<PathBuf, BuildError> {
 }
 
 fn rustc_host(rustc: &OsString) -> Result<String, BuildError> {
+    Ok(rustc_vv(rustc, "host")?.unwrap_or_else(|| "x86_64-unknown-linux-gnu".into()))
+}
+
+/// The value of `key: value` in `rustc -vV`'s output.
+fn rustc_vv(rustc: &OsString, key: &str) -> Result<Option<String>, BuildError> {
     let out = Command::new(rustc)
         .arg("-vV")
         .output()
@@ -452,14 +503,32 @@ fn rustc_host(rustc: &OsString) -> Result<String, BuildError> {
             tool: "rustc".into(),
             error,
         })?;
+    let prefix = format!("{key}: ");
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
-        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
-        .unwrap_or_else(|| "x86_64-unknown-linux-gnu".into()))
+        .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_owned)))
 }
 
-pub mod budget;
-pub mod link;
+/// [`BuildError::NotNightly`] unless the build's rustc is a nightly (or a local build of rustc,
+/// or a release told to act as one by `RUSTC_BOOTSTRAP`).
+fn check_nightly() -> Result<(), BuildError> {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let release = rustc_vv(&rustc, "release")?.unwrap_or_default();
+    let bootstrap = env::var_os("RUSTC_BOOTSTRAP").is_some_and(|v| !v.is_empty() && v != "0");
+    if unstable_release(&release) || bootstrap {
+        Ok(())
+    } else {
+        Err(BuildError::NotNightly { release })
+    }
+}
+
+/// Whether a `release:` of `rustc -vV` allows unstable features: a nightly or a local build.
+fn unstable_release(release: &str) -> bool {
+    release.ends_with("-nightly") || release.ends_with("-dev")
+}
+
+mod budget;
+mod link;
 
 #[cfg(test)]
 mod tests {
@@ -481,6 +550,30 @@ mod tests {
         );
         assert!(dep_info_sources(&dir.join("missing.d")).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_nightly_and_local_builds_count_as_nightly() {
+        assert!(unstable_release("1.97.0-nightly"));
+        assert!(unstable_release("1.97.0-dev"));
+        assert!(!unstable_release("1.95.0"));
+        assert!(!unstable_release("1.96.0-beta.3"));
+        assert!(!unstable_release(""));
+    }
+
+    #[test]
+    fn the_toolchain_errors_name_the_real_fix() {
+        let stable = BuildError::NotNightly {
+            release: "1.95.0".into(),
+        }
+        .to_string();
+        assert!(stable.contains("rustc 1.95.0 is not a nightly"), "{stable}");
+        assert!(stable.contains("channel = \"nightly\""), "{stable}");
+        assert!(stable.contains("\"llvm-tools\""), "{stable}");
+        let tools = BuildError::MissingLlvmTools("/sysroot/bin".into()).to_string();
+        assert!(tools.contains("rustup component add llvm-tools"), "{tools}");
+        // Advice for another toolchain than the build's own changes nothing.
+        assert!(!tools.contains("--toolchain"), "{tools}");
     }
 
     #[test]
