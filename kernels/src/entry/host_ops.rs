@@ -110,3 +110,67 @@ pub unsafe extern "ptx-kernel" fn toga_host_free_batch(
         unsafe { *at = 0 };
     }
 }
+
+/// Test kernel (harness only): thread `i < n` takes the block `ptrs[i]` (when `indirect` is
+/// nonzero, `ptrs[i]` is the address of a slot that holds the block's pointer, as a
+/// `HostBlock`'s does) of `sizes[i]` bytes and fills it with the pattern of `(i, tag)`, or,
+/// when `check` is nonzero, counts its wrong words in `errors[0]`. A null block counts one in
+/// `errors[1]`.
+///
+/// # Safety
+/// `ptrs` and `sizes` hold `n` words, `errors` two; every non-null block holds its size.
+#[cfg(feature = "harness")]
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn toga_host_pattern(
+    ptrs: *const u64,
+    indirect: u32,
+    sizes: *const u64,
+    n: u64,
+    tag: u32,
+    check: u32,
+    errors: *const crate::platform::Atomic64,
+) {
+    let i = platform::global_thread_id();
+    if i >= n {
+        return;
+    }
+    // SAFETY: kernel contract.
+    let (mut p, size) = unsafe { (*ptrs.add(i as usize), *sizes.add(i as usize) as usize) };
+    if indirect != 0 && p != 0 {
+        // SAFETY: a slot the host owns.
+        p = unsafe { (p as *const u64).read_volatile() };
+    }
+    let (which, bad) = if p == 0 {
+        (1, 1)
+    } else if check != 0 {
+        // SAFETY: a live block of `size` bytes, filled for `(i, tag)`.
+        (0, unsafe {
+            crate::pattern::check(p as *const u8, size, i, tag)
+        })
+    } else {
+        // SAFETY: a live block of `size` bytes.
+        unsafe { crate::pattern::fill(p as *mut u8, size, i, tag) };
+        (0, 0)
+    };
+    if bad != 0 {
+        // SAFETY: `errors` holds two words.
+        unsafe { &*errors.add(which) }.fetch_add_relaxed(bad);
+    }
+}
+
+/// Test kernel (harness only): thread `i < n` frees `ptrs[i]` with the free function `free`,
+/// into whatever heap the host bound to this module (a block of a heap on another device is
+/// not in it, and is counted as a foreign free).
+///
+/// # Safety
+/// `ptrs` holds `n` words.
+#[cfg(feature = "harness")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_bound_free(ptrs: *const u64, n: u64) {
+    let i = platform::global_thread_id();
+    if i < n {
+        // SAFETY: kernel contract; the bound heap's `free` counts what is not its own.
+        unsafe { crate::free(*ptrs.add(i as usize) as *mut u8) };
+    }
+}
