@@ -72,6 +72,10 @@ pub(crate) struct Vmm {
     handles: Vec<Option<sys::CUmemGenericAllocationHandle>>,
     mapped: u64,
     mapped_high: u64,
+    /// Other devices that may read and write the mapping (`Heap::set_peer_access`).
+    peers: Vec<i32>,
+    /// Whether every physical allocation can be exported as a POSIX file descriptor (IPC).
+    exportable: bool,
 }
 
 // SAFETY: the handles are plain integers owned by this struct; the driver calls it makes are
@@ -86,6 +90,18 @@ impl Vmm {
         va_bytes: u64,
         meta_bytes: u64,
         granule: u64,
+    ) -> Result<Self> {
+        Self::reserve_with(ordinal, va_bytes, meta_bytes, granule, false)
+    }
+
+    /// [`Vmm::reserve`], with every physical allocation exportable to other processes as a
+    /// POSIX file descriptor when `exportable` (`Heap::export_ipc`).
+    pub(crate) fn reserve_with(
+        ordinal: i32,
+        va_bytes: u64,
+        meta_bytes: u64,
+        granule: u64,
+        exportable: bool,
     ) -> Result<Self> {
         let mut va = 0;
         // SAFETY: writes one device pointer.
@@ -103,6 +119,8 @@ impl Vmm {
             handles: vec![None; ((va_bytes - meta_bytes) / granule) as usize],
             mapped: 0,
             mapped_high: 0,
+            peers: Vec::new(),
+            exportable,
         };
         // On error `vmm` drops, unmaps and frees the reservation.
         vmm.meta_handle = vmm.map_one(va, meta_bytes)?;
@@ -114,7 +132,11 @@ impl Vmm {
     /// Create `bytes` of device memory and map it at `at` (not yet accessible: see
     /// [`Vmm::allow`]).
     fn map_one(&self, at: u64, bytes: u64) -> Result<sys::CUmemGenericAllocationHandle> {
-        let prop = device_prop(self.ordinal);
+        let mut prop = device_prop(self.ordinal);
+        if self.exportable {
+            prop.requestedHandleTypes =
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        }
         let mut handle = 0;
         // SAFETY: writes one handle.
         check(unsafe { sys::cuMemCreate(&mut handle, bytes as usize, &prop, 0) })?;
@@ -131,12 +153,15 @@ impl Vmm {
     /// Let the device read and write `at..at+bytes`, all mapped: one call for a whole run of
     /// granules (it costs about as much as a mapping).
     fn allow(&self, at: u64, bytes: u64) -> Result<()> {
-        let access = sys::CUmemAccessDesc {
-            location: device_prop(self.ordinal).location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the range is mapped.
-        check(unsafe { sys::cuMemSetAccess(at, bytes as usize, &access, 1) })
+        let access: Vec<_> = std::iter::once(self.ordinal)
+            .chain(self.peers.iter().copied())
+            .map(|device| sys::CUmemAccessDesc {
+                location: device_prop(device).location,
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: the range is mapped; `access` holds `len` descriptors.
+        check(unsafe { sys::cuMemSetAccess(at, bytes as usize, access.as_ptr(), access.len()) })
     }
 
     /// The reservation's device address (the heap's base).
