@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::vmm::{self, MailboxMemory, Service, ServiceCounts, Vmm};
 
+mod peer;
 mod stream;
 pub use stream::{Freeable, HostBlock};
 
@@ -696,7 +697,10 @@ impl Heap {
     /// Make this heap the one that `toga_kernels::malloc`/`free` and the `GlobalAlloc` use in
     /// `module`, enqueued on `stream`. [`Heap::new`] binds the heap to the module of the `Gpu`
     /// it was created with; call this for other modules, or to switch between heaps.
+    /// Refused ([`Error::WrongDevice`]) for a module on another device: only the heap's own
+    /// device runs its `malloc` and `free` (`peer.rs`).
     pub fn bind(&self, module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<()> {
+        self.check_device(stream)?;
         self.launch_on_heap(stream, &module.load_function("toga_bind_heap")?)
     }
 

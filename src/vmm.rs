@@ -457,3 +457,51 @@ impl Drop for Service {
 pub(crate) fn growth_step(mapped: u64) -> u64 {
     mapped / 2
 }
+
+/// Peer access and export (`Heap::set_peer_access`, `Heap::export_ipc`).
+impl Vmm {
+    /// Let `peers` (device ordinals, the heap's own excluded) read and write the whole mapping,
+    /// now and every granule mapped later, like `cudaMemPoolSetAccess`.
+    pub(crate) fn set_peers(&mut self, peers: &[i32]) -> Result<()> {
+        for &p in peers {
+            if p != self.ordinal && !self.peers.contains(&p) {
+                self.peers.push(p);
+            }
+        }
+        self.allow(self.va, self.meta_bytes)?;
+        for (first, count) in self.mapped_runs() {
+            self.allow(self.data + first * self.granule, count * self.granule)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the physical allocations can be exported ([`Vmm::reserve_with`]).
+    #[allow(dead_code)]
+    pub(crate) fn exportable(&self) -> bool {
+        self.exportable
+    }
+
+    /// The metadata's handle and bytes, then `(data offset, handle)` of every mapped granule.
+    #[allow(dead_code)]
+    pub(crate) fn allocations(
+        &self,
+    ) -> (
+        sys::CUmemGenericAllocationHandle,
+        u64,
+        Vec<(u64, sys::CUmemGenericAllocationHandle)>,
+    ) {
+        let granules = self
+            .handles
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.map(|h| (i as u64 * self.granule, h)))
+            .collect();
+        (self.meta_handle, self.meta_bytes, granules)
+    }
+
+    /// Bytes of the reservation.
+    #[allow(dead_code)]
+    pub(crate) fn va_bytes(&self) -> u64 {
+        self.va_bytes
+    }
+}
