@@ -47,6 +47,10 @@ pub struct HeapBuilder {
     release_threshold: Option<u64>,
     arenas: Option<u32>,
     growable: Option<GrowOptions>,
+    /// Devices whose kernels may read and write the heap's blocks ([`Heap::set_peer_access`]).
+    peers: Vec<usize>,
+    /// Growable heap: physical memory exportable to other processes ([`Heap::export_ipc`]).
+    exportable: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -101,9 +105,26 @@ impl HeapBuilder {
         self
     }
 
+    /// Kernels on the devices `peers` (ordinals) may read and write the heap's blocks, like
+    /// `cudaMemPoolSetAccess`; see [`Heap::set_peer_access`], which `create` calls.
+    pub fn peer_access(mut self, peers: &[usize]) -> Self {
+        self.peers = peers.to_vec();
+        self
+    }
+
+    /// Growable heap: make its memory exportable to other processes through POSIX file
+    /// descriptors ([`Heap::export_ipc`]). Default: no.
+    pub fn ipc_exportable(mut self, on: bool) -> Self {
+        self.exportable = on;
+        self
+    }
+
     /// Create the heap, enqueued on `stream`.
-    pub fn create(self, gpu: &Gpu, stream: &Arc<CudaStream>) -> Result<Heap> {
-        Heap::create(gpu, stream, self)
+    pub fn create(mut self, gpu: &Gpu, stream: &Arc<CudaStream>) -> Result<Heap> {
+        let peers = std::mem::take(&mut self.peers);
+        let heap = Heap::create(gpu, stream, self)?;
+        heap.set_peer_access(&peers)?;
+        Ok(heap)
     }
 }
 
@@ -227,6 +248,8 @@ impl Heap {
             release_threshold: None,
             arenas: None,
             growable: None,
+            peers: Vec::new(),
+            exportable: false,
         }
     }
 
@@ -244,6 +267,8 @@ impl Heap {
                 max: None,
                 in_kernel: true,
             }),
+            peers: Vec::new(),
+            exportable: false,
         }
     }
 
@@ -379,7 +404,13 @@ impl Heap {
         let device_mailbox = mailbox.as_ref().map_or(0, |m| m.device());
         let layout = Geometry::growable(0, max, arenas, shift, device_mailbox)
             .map_err(|e| geometry_error(e, max))?;
-        let mut vmm = Vmm::reserve(ordinal, layout.total_bytes, layout.data_offset, granule)?;
+        let mut vmm = Vmm::reserve_with(
+            ordinal,
+            layout.total_bytes,
+            layout.data_offset,
+            granule,
+            b.exportable,
+        )?;
         let geometry = Geometry::growable(vmm.base(), max, arenas, shift, device_mailbox)
             .map_err(|e| geometry_error(e, max))?;
         debug_assert_eq!(geometry.data_offset, layout.data_offset);
