@@ -85,17 +85,8 @@ unsafe impl Send for Vmm {}
 impl Vmm {
     /// Reserve `va_bytes` aligned to `granule` and map its first `meta_bytes` (a multiple of
     /// `granule`, the metadata). The data granules start unmapped.
-    pub(crate) fn reserve(
-        ordinal: i32,
-        va_bytes: u64,
-        meta_bytes: u64,
-        granule: u64,
-    ) -> Result<Self> {
-        Self::reserve_with(ordinal, va_bytes, meta_bytes, granule, false)
-    }
-
-    /// [`Vmm::reserve`], with every physical allocation exportable to other processes as a
-    /// POSIX file descriptor when `exportable` (`Heap::export_ipc`).
+    /// Every physical allocation is exportable to other processes as a POSIX file descriptor
+    /// when `exportable` (`Heap::export_ipc`).
     pub(crate) fn reserve_with(
         ordinal: i32,
         va_bytes: u64,
