@@ -567,6 +567,54 @@ mod tests {
     }
 
     #[test]
+    fn a_guarded_swap_gives_back_first_then_names_the_run_closed_then_opens_it() {
+        let run = Run::new();
+        assert_eq!(run.take(ITEMS), Take::Stock);
+        let none = |_: Leftover| panic!("nothing to give back");
+        assert!(run.replace(Next::Run { base: 4, kept: 1 }, ITEMS, true, none, || {}));
+        let look = run.look();
+        assert_eq!((look.base, look.taken, look.draining), (Some(4), 1, false));
+        assert_eq!(run.take(ITEMS), Take::Item { base: 4, index: 1 });
+        // The next swap gives items 2.. back while the word still names run 4, draining, and
+        // publishes run 9 while the word names it closed; takes meanwhile are busy.
+        let mut seen = None;
+        assert!(run.replace(
+            Next::Run { base: 9, kept: 2 },
+            ITEMS,
+            true,
+            |left| {
+                let l = run.look();
+                assert_eq!((l.base, l.draining), (Some(4), true));
+                assert_eq!(run.take(ITEMS), Take::Elsewhere);
+                seen = Some(left);
+            },
+            || {
+                let l = run.look();
+                assert_eq!((l.base, l.taken & 0xff, l.draining), (Some(9), 2, true));
+                assert!(matches!(run.take_many(3, ITEMS), Takes::Busy(_)));
+            },
+        ));
+        let back = Leftover {
+            base: 4,
+            first: 2,
+            count: ITEMS - 2,
+        };
+        assert_eq!(seen, Some(back));
+        // Open, with the count the swapper kept: the adds made while it was closed are gone.
+        let look = run.look();
+        assert_eq!((look.base, look.taken, look.draining), (Some(9), 2, false));
+        assert_eq!(run.take(ITEMS), Take::Item { base: 9, index: 2 });
+        // A flush that finds another swap under way does nothing.
+        run.0.fetch_or_acq_rel(DRAIN);
+        assert!(!run.replace(Next::Empty, ITEMS, false, none, || {}));
+        run.0.fetch_and_acq_rel(!DRAIN);
+        let mut left = None;
+        assert!(run.replace(Next::Empty, ITEMS, false, |l| left = Some(l), || {}));
+        assert_eq!(left.map(|l| (l.base, l.first)), Some((9, 3)));
+        assert!(run.is_empty());
+    }
+
+    #[test]
     fn a_swap_counts_a_groups_items_as_handed_out() {
         let run = Run::new();
         assert_eq!(run.take_many(4, ITEMS), Takes::Stock);
