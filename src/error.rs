@@ -55,6 +55,7 @@ pub enum Error {
     NotGrowable,
     /// A PTX file could not be read (the file toga's harness loads instead of its own when
     /// `TOGA_PTX_FILE` names one).
+    #[doc(hidden)]
     #[error("TOGA_PTX_FILE: {0}")]
     PtxFile(String),
     /// `Heap::alloc_async` of zero bytes (CUDA's `cudaMallocAsync(0)` returns null; toga

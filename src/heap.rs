@@ -715,7 +715,8 @@ impl Heap {
         self.base
     }
 
-    /// Where everything is.
+    /// Where everything is (for toga's harness and tests, not an API).
+    #[doc(hidden)]
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
     }

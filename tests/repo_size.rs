@@ -78,5 +78,9 @@ fn the_survey_sees_what_does_not_belong() {
     assert!(problems.iter().any(|p| p.contains("run.log")));
     std::fs::remove_dir_all(&dir).unwrap();
     let (_, problems) = survey(&dir);
-    assert_eq!(problems.len(), 1, "a missing directory is a problem: {problems:?}");
+    assert_eq!(
+        problems.len(),
+        1,
+        "a missing directory is a problem: {problems:?}"
+    );
 }

@@ -5,15 +5,69 @@
 //! Rust: bulk semaphores, TBuddy (a concurrent buddy tree for large blocks) and UAlloc (per-SM
 //! arenas of 4 KiB bins for small ones).
 //!
+//! # Example
+//!
+//! A kernel crate's `src/lib.rs` (its `Cargo.toml` depends on `toga-kernels`; a host crate
+//! builds it to PTX with `toga_builder` and binds a `toga::Heap` to the module):
+//!
+//! ```no_run
+//! #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+//! # // The doctest builds for the host, with std; a kernel crate is `#![no_std]`.
+//! extern crate alloc;
+//! use alloc::vec::Vec;
+//!
+//! // `Vec`, `Box` and `String` allocate from the heap bound to the module.
+//! #[global_allocator]
+//! static ALLOC: toga_kernels::Toga = toga_kernels::Toga;
+//!
+//! /// One thread's work: the sum of `i, i + 1, ..., i + len - 1`, or `None` when the heap had
+//! /// no memory for it.
+//! pub fn sum(i: u64, len: usize) -> Option<u64> {
+//!     // A raw block, as C's `malloc` gives: null when the heap is out of memory.
+//!     let total = toga_kernels::malloc(8) as *mut u64;
+//!     if total.is_null() {
+//!         return None;
+//!     }
+//!     let mut v = Vec::new();
+//!     // `try_reserve` fails where `push` would trap the kernel.
+//!     let sum = v.try_reserve_exact(len).ok().map(|()| {
+//!         v.extend((0..len as u64).map(|k| i + k));
+//!         // SAFETY: `total` holds 8 bytes, aligned for a `u64`.
+//!         unsafe { total.write(v.iter().sum()) };
+//!         // SAFETY: as above.
+//!         unsafe { total.read() }
+//!     });
+//!     // SAFETY: `total` came from `malloc` and is freed once.
+//!     unsafe { toga_kernels::free(total.cast()) };
+//!     sum
+//! }
+//!
+//! /// The kernel: thread `i` writes `sum(i, len)` to `out[i]` (`u64::MAX` when out of memory).
+//! ///
+//! /// # Safety
+//! /// `out` has `n` elements, and a toga heap is bound to the module.
+//! #[cfg(target_arch = "nvptx64")]
+//! #[unsafe(no_mangle)]
+//! pub unsafe extern "ptx-kernel" fn sums(out: *mut u64, n: usize, len: usize) {
+//!     use core::arch::nvptx::*;
+//!     // SAFETY: special-register reads.
+//!     let i = unsafe { (_block_idx_x() * _block_dim_x() + _thread_idx_x()) as usize };
+//!     if i < n {
+//!         // SAFETY: `i < n`.
+//!         unsafe { *out.add(i) = sum(i as u64, len).unwrap_or(u64::MAX) };
+//!     }
+//! }
+//! # fn main() {}
+//! ```
+//!
 //! # In a kernel crate
-//! Depend on this crate, build the kernel crate with `toga_builder`, and create a heap on the
-//! host with `toga::Heap`, which binds itself to your module. Then, in any kernel:
 //! - [`malloc`], [`calloc`], [`malloc_aligned`], [`realloc`], [`free`] and [`usable_size`];
 //! - `alloc::{Box, Vec, String}` through `#[global_allocator] static A: Toga = Toga;`.
 //!
 //! Out of memory is a null pointer, never a hang. `free(null)` is a no-op; a double or foreign
 //! free is counted for the host and changes nothing. Every function fits kernels launched with
-//! 1024-thread blocks (at most 64 registers per thread).
+//! 1024-thread blocks (at most 64 registers per thread). The README's "Use toga in your
+//! kernels" has a whole project (kernel crate, `build.rs`, host program), which CI builds.
 //!
 //! # Features
 //! - `panic-handler` (default): a `#[panic_handler]` that traps, ending the kernel with an
