@@ -25,8 +25,12 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::vmm::{self, MailboxMemory, Service, ServiceCounts, Vmm};
 
+#[cfg(target_os = "linux")]
+mod ipc;
 mod peer;
 mod stream;
+#[cfg(target_os = "linux")]
+pub use ipc::{ImportedHeap, IpcDescriptor, IpcExport, recv_export, send_export};
 pub use stream::{Freeable, HostBlock};
 
 /// The smallest granule a growable heap maps in (the driver's granularity may be larger).

@@ -61,6 +61,8 @@ mod vmm;
 pub use error::{Error, Result};
 pub use gpu::{DeviceInfo, Gpu, device_count};
 pub use heap::{Freeable, Heap, HeapBuilder, HeapStats, HostBlock};
+#[cfg(target_os = "linux")]
+pub use heap::{ImportedHeap, IpcDescriptor, IpcExport, recv_export, send_export};
 /// The layout of a heap in device memory ([`Heap::geometry`]): for toga's harness and tests,
 /// not an API.
 #[doc(hidden)]

@@ -467,13 +467,11 @@ impl Vmm {
     }
 
     /// Whether the physical allocations can be exported ([`Vmm::reserve_with`]).
-    #[allow(dead_code)]
     pub(crate) fn exportable(&self) -> bool {
         self.exportable
     }
 
     /// The metadata's handle and bytes, then `(data offset, handle)` of every mapped granule.
-    #[allow(dead_code)]
     pub(crate) fn allocations(
         &self,
     ) -> (
@@ -491,7 +489,6 @@ impl Vmm {
     }
 
     /// Bytes of the reservation.
-    #[allow(dead_code)]
     pub(crate) fn va_bytes(&self) -> u64 {
         self.va_bytes
     }

@@ -1,7 +1,9 @@
 // toga from CUDA C++: per-thread linked lists on a fixed heap, per-thread vectors on a growable
 // heap that grows while the kernel runs, and what happens without a heap or with a foreign free.
-// Exits with 1 on any wrong value. Build: see docs/cpp.md (or CMakeLists.txt here).
+// Exits with 1 on any wrong value. `example --small` runs 1/64 of the threads (for memcheck).
+// Build: see docs/cpp.md (or CMakeLists.txt here).
 #include <stdint.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -108,8 +110,9 @@ static unsigned long long read_word(unsigned long long *d) {
   return h;
 }
 
-int main() {
+int main(int argc, char **argv) {
   int failures = 0;
+  const unsigned shrink = argc > 1 && strcmp(argv[1], "--small") == 0 ? 6 : 0;
   cudaStream_t stream;
   CUDA_OK(cudaSetDevice(0));
   CUDA_OK(cudaStreamCreate(&stream));
@@ -118,7 +121,7 @@ int main() {
 
   // 1. Linked lists on a fixed 256 MiB heap: 2^20 threads, 8.5 nodes each on average.
   {
-    const unsigned long long n = 1ull << 20;
+    const unsigned long long n = 1ull << (20 - shrink);
     toga_heap heap;
     TOGA_OK(toga_heap_create(0, 256ull << 20, stream, &heap));
     TOGA_OK(toga_bind_device_heap(heap, stream));
@@ -166,9 +169,10 @@ int main() {
   }
 
   // 4. Vectors on a growable heap that starts at 8 MiB: 2^18 threads push 512 words each
-  //    (4 KiB vectors, 1 GiB live at the end), so the heap grows while the kernel runs.
+  //    (4 KiB vectors, 1 GiB live at the end; --small: 16 MiB), so the heap grows while the
+  //    kernel runs.
   {
-    const unsigned long long n = 1ull << 18;
+    const unsigned long long n = 1ull << (18 - shrink);
     const unsigned per_thread = 512;
     toga_growable_options opts = {};
     opts.initial_bytes = 8ull << 20;
