@@ -57,6 +57,11 @@ pub enum Command {
     /// trim and a synchronize must take it back to --initial, and one more round must work.
     #[command(after_help = exit::TABLE)]
     Grow(GrowArgs),
+    /// Host and kernels share one heap on several streams: each allocates (alloc_async,
+    /// malloc) and frees the other's blocks (free_async, free); every block pattern-checked,
+    /// exact counts after each round.
+    #[command(after_help = exit::TABLE)]
+    Mix(crate::host_alloc::MixArgs),
 }
 
 impl Command {
@@ -68,6 +73,7 @@ impl Command {
             Command::Info(a) => &a.common,
             Command::Scan(a) => &a.common,
             Command::Grow(a) => &a.common,
+            Command::Mix(a) => &a.common,
         }
     }
 

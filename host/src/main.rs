@@ -36,6 +36,7 @@
 mod bench;
 mod cli;
 mod growable;
+mod host_alloc;
 mod report;
 mod scan;
 mod workloads;
@@ -151,6 +152,10 @@ fn run(command: Command) -> toga::Result<bool> {
             let gpu = toga_harness::open(device)?;
             let bytes = heap_size(&gpu, a.heap.heap_size)?;
             scan::run(&gpu, bytes, a.threads, &a.sizes, !a.no_exhaust)
+        }
+        Command::Mix(a) => {
+            let gpu = toga_harness::open(device)?;
+            host_alloc::run(&gpu, &a)
         }
         Command::Grow(a) => {
             let gpu = toga_harness::open(device)?;
