@@ -4,6 +4,8 @@
 //! flag together with a subcommand is a usage error (`host info --device 1`, not
 //! `host --device 1 info`).
 
+use std::ffi::OsString;
+
 use clap::{Args, CommandFactory, Parser, Subcommand, error::ErrorKind};
 
 use crate::{exit, workloads};
@@ -190,8 +192,9 @@ pub struct ScanArgs {
     /// The largest thread count scanned (from 2^8 up, a factor of 4 per row).
     #[arg(long, default_value_t = DEFAULT_THREADS, value_parser = threads())]
     pub threads: u64,
-    /// Sizes to scan, in bytes (default: 16, 256, 2048, 4096, 65536 and 1 MiB).
-    #[arg(long, value_delimiter = ',')]
+    /// Request sizes to scan, e.g. 16,4KiB,1MiB: 1 B to 4 GiB - 1 B each (default: 16, 256,
+    /// 2048, 4096, 65536 and 1 MiB).
+    #[arg(long, value_delimiter = ',', value_parser = parse_request_size)]
     pub sizes: Vec<u32>,
     /// Skip the out-of-memory round trip that opens the scan.
     #[arg(long)]
@@ -205,12 +208,13 @@ pub struct GrowArgs {
     pub common: Common,
     #[command(flatten)]
     pub run: RunArgs,
-    /// Bytes mapped at creation, and the release threshold a trim goes back to, e.g. 8MiB.
-    #[arg(long, value_parser = parse_bytes, default_value = "8MiB")]
+    /// Bytes mapped at creation, and the release threshold a trim goes back to, e.g. 8MiB: a
+    /// whole number of 2 MiB granules, at least one.
+    #[arg(long, value_parser = parse_initial, default_value = "8MiB")]
     pub initial: u64,
-    /// Bytes the heap may grow to, e.g. 4GiB. Default: the smaller of 4 GiB and half the
-    /// free device memory.
-    #[arg(long, value_parser = parse_bytes)]
+    /// Bytes the heap may grow to, e.g. 4GiB: at least one 2 MiB granule, at most toga's
+    /// largest heap. Default: the smaller of 4 GiB and half the free device memory.
+    #[arg(long, value_parser = parse_max)]
     pub max: Option<u64>,
 }
 
@@ -225,6 +229,59 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         .map_err(|e| format!("{e} (try 512MiB or 2GiB)"))
 }
 
+/// A request size of `scan`: 1 B up to what a `u32` holds.
+fn parse_request_size(s: &str) -> Result<u32, String> {
+    let bytes = parse_bytes(s)?;
+    match u32::try_from(bytes) {
+        Ok(0) => Err("a request size must be at least 1 byte".to_owned()),
+        Ok(size) => Ok(size),
+        Err(_) => Err(format!(
+            "{bytes} B is above the largest request size scan makes, {} B (4 GiB - 1 B)",
+            u32::MAX
+        )),
+    }
+}
+
+/// `grow --initial`: whole granules, at least one (a growable heap maps nothing smaller, and
+/// `grow` checks that a trim goes back to exactly this).
+fn parse_initial(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    let granule = toga::heap::MIN_GRANULE;
+    if bytes == 0 || bytes % granule != 0 {
+        return Err(format!(
+            "{bytes} B is not a positive whole number of granules: a growable heap maps {} MiB at a time; give 2MiB, 8MiB, ...",
+            granule >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+/// `grow --max`: at least one granule, and no more than toga's largest heap.
+fn parse_max(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    let granule = toga::heap::MIN_GRANULE;
+    if bytes < granule {
+        return Err(format!(
+            "{bytes} B is below one granule: a growable heap grows {} MiB at a time; give at least 2MiB",
+            granule >> 20
+        ));
+    }
+    toga::heap::check_heap_size(bytes).map_err(|e| e.to_string())?;
+    Ok(bytes)
+}
+
+/// `host help [COMMAND] [--help]` as clap's `host [COMMAND] --help`: clap's own `help`
+/// subcommand takes no flags, so `host help --help` was an error.
+pub fn help_as_flag(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = args.into_iter().collect();
+    if args.get(1).is_some_and(|a| a == "help") {
+        args.remove(1);
+        args.retain(|a| a != "--help" && a != "-h");
+        args.push("--help".into());
+    }
+    args
+}
+
 /// A heap size that can work on some GPU: zero, below one chunk and above toga's largest heap
 /// are usage errors. Whether it fits this GPU's free memory is known only once it is open.
 fn parse_heap_size(s: &str) -> Result<u64, String> {
@@ -236,6 +293,24 @@ fn parse_heap_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn help_words_become_the_help_flag() {
+        let args = |v: &[&str]| help_as_flag(v.iter().map(OsString::from));
+        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(args(&["host", "help"]), os(&["host", "--help"]));
+        assert_eq!(args(&["host", "help", "--help"]), os(&["host", "--help"]));
+        assert_eq!(
+            args(&["host", "help", "grow", "-h"]),
+            os(&["host", "grow", "--help"])
+        );
+        // Anything else is left to clap.
+        assert_eq!(
+            args(&["host", "grow", "help"]),
+            os(&["host", "grow", "help"])
+        );
+        assert_eq!(args(&["host"]), os(&["host"]));
+    }
 
     #[test]
     fn the_command_line_is_well_formed() {

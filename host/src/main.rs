@@ -89,7 +89,7 @@ pub mod exit {
 const DEFAULT_HEAP_MAX: u64 = 1 << 30;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cli::help_as_flag(std::env::args_os()));
     let command = cli.command.unwrap_or(Command::Stress(cli.stress));
     if let Err(e) = command.validate() {
         e.exit();

@@ -1,5 +1,5 @@
 //! Runs the example kernel crate on GPU 0: `cargo run -p vec-kernel-example`.
-//! Exits 2 without a GPU, 1 if a result is wrong.
+//! Exits 3 without a GPU (as `host` does), 1 if a result is wrong.
 
 use std::process::ExitCode;
 
@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Ok(false) => ExitCode::from(1),
         Err(e @ (Error::NoDriver | Error::NoDevice(_))) => {
             eprintln!("vec-kernel-example: {e}");
-            ExitCode::from(2)
+            ExitCode::from(3)
         }
         Err(e) => {
             eprintln!("vec-kernel-example: {e}");
