@@ -481,3 +481,76 @@ pub fn recv_export(sock: &mut UnixStream) -> Result<(IpcDescriptor, Vec<OwnedFd>
     }
     Ok((descriptor, fds))
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    fn descriptor(granules: usize) -> IpcDescriptor {
+        IpcDescriptor {
+            pid: std::process::id(),
+            device: 0,
+            base: 0x7f00_0000_0000,
+            va_bytes: (4 + 2 * granules as u64) << 21,
+            meta_bytes: 2 << 21,
+            data_offset: 4 << 21,
+            granule: 2 << 21,
+            granules: (0..granules as u64).map(|g| 2 * g << 21).collect(),
+        }
+    }
+
+    #[test]
+    fn a_descriptor_survives_its_bytes_and_garbage_is_refused() {
+        let d = descriptor(5);
+        assert_eq!(IpcDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
+        assert_eq!(d.fd_count(), 6);
+        let mut bytes = d.to_bytes();
+        for bad in [&b"togaipc1"[..], &bytes[..bytes.len() - 8], &[0u8; 80][..]] {
+            assert!(matches!(IpcDescriptor::from_bytes(bad), Err(Error::Ipc(_))));
+        }
+        // A granule outside the reservation.
+        bytes[9 * 8..10 * 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let e = IpcDescriptor::from_bytes(&bytes).unwrap_err();
+        assert!(e.to_string().contains("outside"), "{e}");
+    }
+
+    #[test]
+    fn an_export_crosses_a_socket_with_all_its_descriptors() {
+        // More descriptors than one message carries.
+        let n = 2 * FDS_PER_MESSAGE + 3;
+        let dir = std::env::temp_dir();
+        let files: Vec<std::fs::File> = (0..n)
+            .map(|i| {
+                let path = dir.join(format!("toga-ipc-test-{}-{i}", std::process::id()));
+                let f = std::fs::File::create(&path).unwrap();
+                std::fs::remove_file(&path).unwrap();
+                f
+            })
+            .collect();
+        let inodes: Vec<u64> = files.iter().map(|f| f.metadata().unwrap().ino()).collect();
+        let export = IpcExport {
+            descriptor: descriptor(n - 1),
+            fds: files.into_iter().map(OwnedFd::from).collect(),
+        };
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let sender = std::thread::spawn(move || send_export(&mut a, &export).map(|_| export));
+        let (d, fds) = recv_export(&mut b).unwrap();
+        let export = sender.join().unwrap().unwrap();
+        assert_eq!(d, export.descriptor);
+        let got: Vec<u64> = fds
+            .into_iter()
+            .map(|fd| std::fs::File::from(fd).metadata().unwrap().ino())
+            .collect();
+        assert_eq!(got, inodes, "the same files, in order");
+    }
+
+    #[test]
+    fn a_closed_socket_is_a_clear_error() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        drop(a);
+        let e = recv_export(&mut b).unwrap_err();
+        assert!(e.to_string().contains("exited"), "{e}");
+    }
+}
