@@ -497,7 +497,7 @@ mod tests {
             meta_bytes: 2 << 21,
             data_offset: 4 << 21,
             granule: 2 << 21,
-            granules: (0..granules as u64).map(|g| 2 * g << 21).collect(),
+            granules: (0..granules as u64).map(|g| (2 * g) << 21).collect(),
         }
     }
 
