@@ -111,7 +111,7 @@ fn peer_round_trip(heap: &Heap, g0: &Gpu, g1: &Gpu, n: u64) {
     let (s0, s1) = (g0.new_stream().unwrap(), g1.new_stream().unwrap());
     g0.default_stream().synchronize().unwrap();
     let w0 = Workloads::new(g0).unwrap();
-    let sizes32 = uniform_sizes(n, 16, 64 << 10, 5);
+    let sizes32 = uniform_sizes(n, 16, 16 << 10, 5);
     let sizes: Vec<u64> = sizes32.iter().map(|&s| s as u64).collect();
     let d32 = s0.clone_htod(&sizes32).unwrap();
     let mut ptrs = s0.alloc_zeros::<u64>(n as usize).unwrap();
@@ -163,7 +163,7 @@ fn a_peer_reads_and_writes_blocks_of_fixed_and_growable_heaps() {
         .create(&g0, &stream)
         .unwrap();
     peer_round_trip(&fixed, &g0, &g1, 1 << 14);
-    println!("fixed heap on device 0: device 1 read and wrote 2^14 blocks of 16 B – 64 KiB");
+    println!("fixed heap on device 0: device 1 read and wrote 2^14 blocks of 16 B – 16 KiB");
     drop(fixed);
 
     // Granules mapped after the grant are granted too: the heap starts at 8 MiB and grows.
