@@ -234,7 +234,15 @@ struct LineChart {
     y_desc: &'static str,
     legend_title: &'static str,
     series: Vec<Series>,
+    /// Points only, each series shifted a little sideways: for series measured at a few x
+    /// values, which lines would join through values never measured, and which may lie on one
+    /// another (the utilization plot's 64 KiB and 1 MiB, both at 100 %).
+    dodged: bool,
 }
+
+/// How far apart, in plot units of x, the points of neighbouring series go in a dodged chart
+/// (on the byte axis, a quarter of a doubling).
+const DODGE: f64 = 0.25;
 
 /// The colour of an allocator in every plot.
 fn color(alloc: &str) -> RGBColor {
@@ -319,6 +327,7 @@ fn throughput_chart(
         },
         legend_title: "allocator",
         series,
+        dodged: false,
     })
 }
 
@@ -395,6 +404,7 @@ fn utilization_chart(data: &BTreeMap<String, Vec<Sample>>) -> Option<LineChart> 
         y_desc: "utilization (live block bytes ÷ heap data bytes)",
         legend_title: "block size: median utilization",
         series,
+        dodged: true,
     })
 }
 
@@ -418,14 +428,20 @@ const DESC_FONT: u32 = 16;
 
 /// Draw a line chart: the plot on the left, the legend in a column on the right.
 fn draw_lines(chart: &LineChart, path: &Path) -> Drawn {
-    let plotted = |s: &Series| -> Vec<(f64, f64)> {
+    let n = chart.series.len() as f64;
+    let plotted = |(i, s): (usize, &Series)| -> Vec<(f64, f64)> {
+        let shift = if chart.dodged {
+            (i as f64 - (n - 1.0) / 2.0) * DODGE
+        } else {
+            0.0
+        };
         s.points
             .iter()
-            .map(|&(x, y)| (chart.x.to_plot(x), chart.y.to_plot(y)))
+            .map(|&(x, y)| (chart.x.to_plot(x) + shift, chart.y.to_plot(y)))
             .filter(|(x, y)| x.is_finite() && y.is_finite())
             .collect()
     };
-    let lines: Vec<Vec<(f64, f64)>> = chart.series.iter().map(plotted).collect();
+    let lines: Vec<Vec<(f64, f64)>> = chart.series.iter().enumerate().map(plotted).collect();
     let bounds = |pick: fn(&(f64, f64)) -> f64| {
         lines
             .iter()
@@ -476,7 +492,9 @@ fn draw_lines(chart: &LineChart, path: &Path) -> Drawn {
     // The first series (toga in the throughput plots) is drawn last, on top.
     for (series, points) in chart.series.iter().zip(&lines).rev() {
         let style = series.color.stroke_width(2);
-        if series.dashed {
+        if chart.dodged {
+            // Points only: nothing was measured between them.
+        } else if series.dashed {
             plot.draw_series(DashedLineSeries::new(points.clone(), DASH, DASH_GAP, style))?;
         } else {
             plot.draw_series(LineSeries::new(points.clone(), style))?;
@@ -598,13 +616,13 @@ fn scenario_panels(data: &BTreeMap<String, Vec<Sample>>) -> Vec<BarPanel> {
     let launch = bars(data, "g_warm_launch", "1024 thr", |_| true, micros);
     [
         BarPanel {
-            title: "throughput: mixed sizes, malloc+free in one kernel, churn (pairs)",
+            title: "throughput (higher is better): mixed sizes, malloc+free in one kernel, churn",
             x_desc: "operations per second",
             axis: Axis::Rate,
             bars: rates,
         },
         BarPanel {
-            title: "one launch on a warm heap (fresh: first launch)",
+            title: "time of one launch on a warm heap (lower is better; fresh: first launch)",
             x_desc: "kernel time",
             axis: Axis::Micros,
             bars: launch,
