@@ -172,7 +172,7 @@ toga_status toga_heap_trim_to(toga_heap heap,
 
 // Growable heap: map `bytes` more (rounded up to granules) and hand them to the allocator,
 // in order on `stream`; `*mapped` (if not NULL) gets the mapped bytes after it. A fixed heap
-// gives [`TOGA_ERROR_NOT_GROWABLE`](toga_status::TOGA_ERROR_NOT_GROWABLE); 0 bytes or more
+// gives [`TOGA_ERROR_NOT_GROWABLE`]; 0 bytes or more
 // than the maximum allows is an error and changes nothing.
 //
 // # Safety
@@ -195,7 +195,7 @@ toga_status toga_heap_reset(toga_heap heap, void *stream);
 
 // Destroy the heap, in order on `stream` (every kernel using it must be ordered before).
 // The handle is invalid afterwards; using it again is
-// [`TOGA_ERROR_INVALID_HANDLE`](toga_status::TOGA_ERROR_INVALID_HANDLE). Unbind it first
+// [`TOGA_ERROR_INVALID_HANDLE`]. Unbind it first
 // (`toga_unbind_device_heap`) if kernels that allocate still run later.
 //
 // # Safety

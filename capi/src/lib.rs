@@ -7,11 +7,11 @@
 //! `docs/cpp.md`.
 //!
 //! # Rules every function follows
-//! - It returns a [`toga_status`]; [`TOGA_SUCCESS`](toga_status::TOGA_SUCCESS) is 0. On an
+//! - It returns a [`toga_status`]; [`TOGA_SUCCESS`] is 0. On an
 //!   error, [`toga_last_error_message`] says what happened, in words, on the calling thread.
 //! - Bad input is an error code, never a crash: a null output pointer, a heap handle that is
 //!   zero, unknown or destroyed, a size of 0 or too large, a device that does not exist. A
-//!   panic inside is caught and reported as [`TOGA_ERROR_INTERNAL`](toga_status::TOGA_ERROR_INTERNAL).
+//!   panic inside is caught and reported as [`TOGA_ERROR_INTERNAL`].
 //! - Heaps live in the device's primary context: the CUDA runtime API's context. Streams are
 //!   `cudaStream_t` / `CUstream` handles of that context, passed as `void *`; NULL is the
 //!   default stream. The order of work on streams is the Rust API's (`toga::heap`).
@@ -521,7 +521,7 @@ pub unsafe extern "C" fn toga_heap_trim_to(
 
 /// Growable heap: map `bytes` more (rounded up to granules) and hand them to the allocator,
 /// in order on `stream`; `*mapped` (if not NULL) gets the mapped bytes after it. A fixed heap
-/// gives [`TOGA_ERROR_NOT_GROWABLE`](toga_status::TOGA_ERROR_NOT_GROWABLE); 0 bytes or more
+/// gives [`TOGA_ERROR_NOT_GROWABLE`]; 0 bytes or more
 /// than the maximum allows is an error and changes nothing.
 ///
 /// # Safety
@@ -583,7 +583,7 @@ pub unsafe extern "C" fn toga_heap_reset(heap: toga_heap, stream: *mut c_void) -
 
 /// Destroy the heap, in order on `stream` (every kernel using it must be ordered before).
 /// The handle is invalid afterwards; using it again is
-/// [`TOGA_ERROR_INVALID_HANDLE`](toga_status::TOGA_ERROR_INVALID_HANDLE). Unbind it first
+/// [`TOGA_ERROR_INVALID_HANDLE`]. Unbind it first
 /// (`toga_unbind_device_heap`) if kernels that allocate still run later.
 ///
 /// # Safety
