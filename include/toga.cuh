@@ -9,7 +9,10 @@
 //
 //   toga_heap heap;
 //   toga_heap_create(0, 1ull << 30, stream, &heap);  // a 1 GiB heap on device 0
-//   toga_bind_device_heap(heap, stream);               // this program's kernels allocate from it
+//   toga_bind_device_heap(heap, stream);  // this program's kernels allocate from it
+//   k<<<blocks, threads, 0, stream>>>();
+//   toga_unbind_device_heap(stream);
+//   toga_heap_destroy(heap, stream);
 //
 // Semantics are those of toga's Rust functions (README, docs/api.md): out of memory is a null
 // pointer, never a hang; toga_free(NULL) does nothing; a foreign or double free is counted
@@ -92,19 +95,19 @@ __host__ __device__ bool operator!=(const allocator<T> &, const allocator<U> &) 
 
 // Bind `heap` for every kernel of this program, in order on `stream`: launches a one-thread
 // kernel that calls toga_bind. Returns TOGA_SUCCESS, the error of toga_heap_base, or
-// TOGA_ERROR_CUDA (with the CUDA error in toga_last_error_message's place: cudaGetLastError).
+// TOGA_ERROR_CUDA when the launch failed (cudaPeekAtLastError says why).
 static inline toga_status toga_bind_device_heap(toga_heap heap, cudaStream_t stream) {
   void *base = NULL;
   toga_status s = toga_heap_base(heap, &base);
   if (s != TOGA_SUCCESS) return s;
   toga::detail::bind_kernel<<<1, 1, 0, stream>>>(base);
-  return cudaGetLastError() == cudaSuccess ? TOGA_SUCCESS : TOGA_ERROR_CUDA;
+  return cudaPeekAtLastError() == cudaSuccess ? TOGA_SUCCESS : TOGA_ERROR_CUDA;
 }
 
 // Unbind: later allocation calls return NULL (and are counted) until the next bind.
 static inline toga_status toga_unbind_device_heap(cudaStream_t stream) {
   toga::detail::bind_kernel<<<1, 1, 0, stream>>>(NULL);
-  return cudaGetLastError() == cudaSuccess ? TOGA_SUCCESS : TOGA_ERROR_CUDA;
+  return cudaPeekAtLastError() == cudaSuccess ? TOGA_SUCCESS : TOGA_ERROR_CUDA;
 }
 
 // Read toga_unbound_mallocs() into *out (synchronizes `stream`).
