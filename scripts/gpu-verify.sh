@@ -6,15 +6,23 @@
 # heap_gpu tests and on a small `host` run. Logs to $OUT/v/, a summary on stdout.
 # PLATFORM=1 adds platform_gpu (litmus tests of the atomics, about 100 s). AB=0, TESTS=0 and
 # SANITIZE=0 skip a part (to split the work over two calls of at most 10 minutes).
+# Exits non-zero if any run failed (a non-zero exit, a time limit, a failed test, a sanitizer
+# error), after writing the logs; the last lines name what failed.
 . scripts/variants.inc
 b=${BUNDLE:-bundle}; L=${OUT:-$b/logs}/v; mkdir -p "$L"
 san=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 export TOGA_HOST_BIN=$PWD/$b/host
-t() { # name limit command...: run, then print rc, seconds and the test summaries
+failed=()
+t() { # name limit command...: run, then print rc, seconds and the test summaries; a non-zero
+  # rc (a time limit included) or a failure line in the log marks the run failed
   local n=$1 s=$SECONDS; shift
   timeout -s KILL "$@" >"$L/$n.log" 2>&1
-  echo "=== $n rc=$? $((SECONDS - s)) s"
+  local rc=$?
+  echo "=== $n rc=$rc $((SECONDS - s)) s"
   grep -hE "^test .*(FAIL|panicked)|test result|ERROR SUMMARY|RACECHECK SUMMARY|wrong sums" "$L/$n.log"
+  if [ "$rc" != 0 ] || grep -qE "test result: FAILED|panicked at|wrong sums|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]" "$L/$n.log"; then
+    failed+=("$n (rc=$rc)")
+  fi
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$L/gpu.txt"
 [ "${AB:-1}" = 1 ] && for r in $(seq 1 "${ROUNDS:-2}"); do
@@ -32,14 +40,16 @@ tests=$b/tests
 # the driver's compilation of its PTX. toga's own PTX (the library's) is still compiled there.
 [ -e "$b/toga_kernels.cubin" ] && export TOGA_PTX_FILE=$PWD/$b/toga_kernels.cubin
 if [ "${TESTS:-1}" = 1 ]; then
-[ "${PLATFORM:-0}" = 1 ] && t platform 150 "$tests/platform_gpu" --test-threads=1 --include-ignored
-t heap 200 "$tests/heap_gpu" --test-threads=1 --include-ignored
-t fit 150 "$tests/fit_gpu" --test-threads=1 --include-ignored
-t util 120 "$tests/utilization_gpu" --test-threads=1 --include-ignored
+# Every GPU test binary of the bundle (tests/*_gpu), found by name; platform_gpu only with
+# PLATFORM=1; GPU_TESTS=REGEX keeps those whose name matches.
+for p in "$tests"/*_gpu; do
+  n=$(basename "$p")
+  [ -x "$p" ] && [[ $n =~ ${GPU_TESTS:-.} ]] || continue
+  [ "$n" = platform_gpu ] && [ "${PLATFORM:-0}" != 1 ] && continue
+  case $n in heap_gpu | growable_gpu | growth_stress_gpu) lim=200 ;; *) lim=150 ;; esac
+  t "${n%_gpu}" "$lim" "$p" --test-threads=1 --include-ignored
+done
 t cli 60 "$tests/cli" --test-threads=1 --include-ignored
-t growable 120 "$tests/growable_gpu" --test-threads=1 --include-ignored
-t fallback 30 "$tests/growable_fallback_gpu" --include-ignored
-t user-ptx 60 "$tests/user_ptx_gpu" --include-ignored
 t example 30 "$b/vec-kernel-example"
 t stress 90 "$b/host" --timeout 85
 grep -E "✓|✗|rows|exit" "$L/stress.log" | tail -4
@@ -58,3 +68,8 @@ t racecheck-home "${SANITIZE_LIMIT:-120}" "$san" --tool racecheck --error-exitco
 t memcheck-host 120 "$san" --tool memcheck --error-exitcode 9 "$b/host" --threads 4096 --heap-size 64MiB --host-growth --timeout 110
 fi
 tar -czf "${OUT:-$b/logs}/verify-logs.tar.gz" -C "$L" .
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'FAILED: %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "all passed"
