@@ -6,6 +6,8 @@
 //! heap (in blocks as the allocator rounds them), so many return null; then utilization = live
 //! block bytes (`HeapStats::used_bytes`) ÷ capacity; then every block is checked and freed. No
 //! trim between rounds: what a round frees must flow back by itself (one trim after the last).
+//! A block still live after its round's frees (a leak) and bytes not free after the last trim
+//! (lost pages) fail the bench, as a fill pattern read back wrong does.
 //!
 //! One row per round: size = the sizes' label, threads = requests, state = the heap's label,
 //! metric `utilization`, ms = the utilization fraction (as in `e_fill_utilization`), failed =
@@ -215,20 +217,25 @@ fn cell(
             "{SCENARIO} {heap_label}, {label}, round {round}: {bad} words of the fill pattern \
              read back wrong (blocks overlap or were corrupted)"
         );
+        // Every block of the fill was freed: one still live is a leak (or a lost free).
         let live = heap.stats(stream).expect("stats").live_blocks();
-        if live != 0 {
-            eprintln!("{SCENARIO} {heap_label}, {label}, round {round}: {live} blocks still live");
-        }
+        assert_eq!(
+            live, 0,
+            "{SCENARIO} {heap_label}, {label}, round {round}: {live} blocks still live after \
+             every block of the fill was freed"
+        );
     }
     heap.trim(stream).expect("trim");
     let probe = w.probe(stream, &heap).expect("probe");
-    if probe.free_bytes != capacity {
-        eprintln!(
-            "{SCENARIO} {heap_label}, {label}: after the last round and a trim, {} of {capacity} \
-             bytes free",
-            probe.free_bytes
-        );
-    }
+    // An empty heap, trimmed, has every byte free again: fewer are pages lost.
+    assert_eq!(
+        probe.free_bytes,
+        capacity,
+        "{SCENARIO} {heap_label}, {label}: after the last round and a trim, {} of {capacity} \
+         bytes free ({} lost)",
+        probe.free_bytes,
+        capacity.saturating_sub(probe.free_bytes)
+    );
     eprintln!(
         "{SCENARIO} {heap_label}, {label}: {n} requests, utilization per round {} % (requested \
          bytes {} %), slowest fill {fill_ms:.2} ms, {:.1} s",
