@@ -39,9 +39,10 @@ for p in example stress bench; do
     summary "build $p: FAILED (see build-$p.log)"; failed=1
   fi
 done
-if cc -std=c11 -O2 -Wall -Werror "${inc[@]}" examples/cuda-cpp/capi_test.c "$bundle/lib/libtoga.a" -ldl -lpthread -lm -lrt \
+cc=${CC:-cc}
+if $cc -std=c11 -O2 -Wall "${inc[@]}" examples/cuda-cpp/capi_test.c "$bundle/lib/libtoga.a" -ldl -lpthread -lm -lrt \
     -o "$bin/capi_test" > "$out/build-capi_test.log" 2>&1 &&
-   cc -std=c11 -O2 "${inc[@]}" examples/cuda-cpp/capi_test.c -L"$bundle/lib" -ltoga -Wl,-rpath,"$PWD/$bundle/lib" \
+   $cc -std=c11 -O2 "${inc[@]}" examples/cuda-cpp/capi_test.c -L"$bundle/lib" -ltoga -Wl,-rpath,"$PWD/$bundle/lib" \
     -o "$bin/capi_test_shared" >> "$out/build-capi_test.log" 2>&1; then
   summary "build capi_test (static and shared libtoga): ok"
 else
