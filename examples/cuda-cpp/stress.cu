@@ -66,13 +66,13 @@ __global__ void allocate(unsigned long long n, unsigned long long **blocks,
   }
 }
 
-// Thread i takes the blocks of thread (i * 7919) % n: other warps, other SMs. Block 3 moves
+// Thread i takes the blocks of thread n - 1 - i: another warp, mostly another SM. Block 3 moves
 // through toga_realloc to a new size first (its words must survive the move).
 __global__ void check_and_free(unsigned long long n, unsigned long long **blocks,
                                unsigned long long *counts) {
   unsigned long long i = global_id();
   if (i >= n) return;
-  unsigned long long t = (i * 7919) % n;
+  unsigned long long t = n - 1 - i;
   for (unsigned k = 0; k < PER_THREAD; k++) {
     unsigned long long owner = t * PER_THREAD + k;
     unsigned long long *p = blocks[owner];
