@@ -244,7 +244,7 @@ fn usage_table(arch: &str, usage: &[Usage]) -> String {
 }
 
 /// The kernels of the PTX users load (`toga::KERNELS_PTX`): the host's heap management and
-/// nothing of the harness (`kernels/src/entry/heap.rs`).
+/// host allocation, and nothing of the harness (`kernels/src/entry/heap.rs`, `host_ops.rs`).
 const USER_PTX_ENTRIES: &[&str] = &[
     "toga_sm_id_bound",
     "toga_heap_init_nodes",
@@ -256,6 +256,10 @@ const USER_PTX_ENTRIES: &[&str] = &[
     "toga_heap_add_range",
     "toga_heap_take_granules",
     "toga_heap_collect",
+    "toga_host_malloc",
+    "toga_host_malloc_batch",
+    "toga_host_free",
+    "toga_host_free_batch",
 ];
 
 /// The `.entry` names of a PTX module.
