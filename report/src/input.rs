@@ -1,5 +1,6 @@
-//! Reading the benchmark CSVs: every `*.csv` of the results directory, row by row, keeping the
-//! rows that parse and naming the ones that do not.
+//! Reading the benchmark CSVs: every `*.csv` and `*.csv.gz` (gzip-compressed, as
+//! `docs/results/` keeps them) of the results directory, row by row, keeping the rows that parse
+//! and naming the ones that do not.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -73,9 +74,9 @@ pub struct Data {
     pub rows: usize,
 }
 
-/// Read every `*.csv` in `dir` (by name order). Errors (one line each): `dir` cannot be listed,
-/// it holds no CSV, a file cannot be read, a header is not [`COLUMNS`] with an optional
-/// [`ROUNDS`].
+/// Read every `*.csv` and `*.csv.gz` in `dir` (by name order). Errors (one line each): `dir`
+/// cannot be listed, it holds no CSV, it holds one table both plain and compressed, a file
+/// cannot be read or decompressed, a header is not [`COLUMNS`] with an optional [`ROUNDS`].
 pub fn read_dir(dir: &Path) -> Result<Data, String> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| format!("{}: cannot read the results directory: {e}", dir.display()))?;
@@ -84,7 +85,7 @@ pub fn read_dir(dir: &Path) -> Result<Data, String> {
         let path = entry
             .map_err(|e| format!("{}: cannot read the results directory: {e}", dir.display()))?
             .path();
-        if path.extension().is_some_and(|x| x == "csv") && path.is_file() {
+        if csv_kind(&path).is_some() && path.is_file() {
             files.push(path);
         }
     }
@@ -92,14 +93,48 @@ pub fn read_dir(dir: &Path) -> Result<Data, String> {
         return Err(format!("{}: no CSV files there", dir.display()));
     }
     files.sort();
+    for path in &files {
+        if csv_kind(path) == Some(Compression::Gzip) && files.contains(&path.with_extension("")) {
+            return Err(format!(
+                "{}: the same table is also there uncompressed; keep one of the two",
+                path.display()
+            ));
+        }
+    }
     let mut data = Data::default();
     for path in files {
         let file = std::fs::File::open(&path)
             .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-        read_csv(&path, file, &mut data)?;
+        match csv_kind(&path) {
+            Some(Compression::Gzip) => {
+                read_csv(&path, flate2::read::GzDecoder::new(file), &mut data)?
+            }
+            _ => read_csv(&path, file, &mut data)?,
+        }
         data.files += 1;
     }
     Ok(data)
+}
+
+/// How a CSV file is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compression {
+    /// `*.csv`.
+    None,
+    /// `*.csv.gz`.
+    Gzip,
+}
+
+/// Whether `path` names a CSV, and how it is stored.
+fn csv_kind(path: &Path) -> Option<Compression> {
+    let name = path.file_name()?.to_str()?;
+    if name.ends_with(".csv") {
+        Some(Compression::None)
+    } else if name.ends_with(".csv.gz") {
+        Some(Compression::Gzip)
+    } else {
+        None
+    }
 }
 
 /// Read one CSV from `source` (named `path` in messages) into `data`.
@@ -248,6 +283,60 @@ mod tests {
             .iter()
             .map(|r| (r.line, r.reason.clone()))
             .collect()
+    }
+
+    /// A results directory holding `files` (name, bytes).
+    fn dir_with(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in files {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        dir
+    }
+
+    fn gzip(text: &str) -> Vec<u8> {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(text.as_bytes()).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn compressed_csvs_read_as_the_plain_ones() {
+        let a = format!("{HEADER}\na_malloc_only,toga,16,1048576,fresh,malloc,0,0.69,0,GPU\n");
+        let b = format!("{HEADER}\nb_free,toga,16,1048576,fresh,free,0,0.07,0,GPU\nb_free,x\n");
+        let plain = dir_with(&[("a.csv", a.as_bytes()), ("b.csv", b.as_bytes())]);
+        let packed = dir_with(&[("a.csv.gz", &gzip(&a)), ("b.csv", b.as_bytes())]);
+        let (plain, packed) = (
+            read_dir(plain.path()).unwrap(),
+            read_dir(packed.path()).unwrap(),
+        );
+        assert_eq!((packed.files, packed.rows), (2, 3));
+        assert_eq!((plain.files, plain.rows), (packed.files, packed.rows));
+        assert_eq!(plain.samples, packed.samples);
+        assert_eq!(packed.rejected.len(), 1);
+    }
+
+    #[test]
+    fn a_table_both_plain_and_compressed_is_refused() {
+        let a = format!("{HEADER}\na_malloc_only,toga,16,1048576,fresh,malloc,0,0.69,0,GPU\n");
+        let dir = dir_with(&[("a.csv", a.as_bytes()), ("a.csv.gz", &gzip(&a))]);
+        let e = read_dir(dir.path()).unwrap_err();
+        assert!(
+            e.contains("a.csv.gz: the same table is also there uncompressed"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_broken_gzip_file_is_an_error_naming_it() {
+        let mut bytes = gzip(&format!("{HEADER}\n"));
+        bytes.truncate(bytes.len() / 2);
+        let dir = dir_with(&[("a.csv.gz", &bytes)]);
+        let e = read_dir(dir.path()).unwrap_err();
+        assert!(e.contains("a.csv.gz"), "{e}");
+        let dir = dir_with(&[("notes.gz", b"x"), ("a.csv.txt", b"x")]);
+        assert!(read_dir(dir.path()).unwrap_err().contains("no CSV files"));
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!
 //! In the results directory (the positional argument, `docs/results` by default):
 //!
-//! - `*.csv`: one row per timed kernel, under the header
+//! - `*.csv`, or `*.csv.gz` compressed with gzip (as `docs/results/` keeps them): one row per
+//!   timed kernel, under the header
 //!   `scenario,allocator,size,threads,state,metric,iteration,ms,failed,device[,rounds]`
 //!   (`rounds`, the operations per thread in the timed kernel, is 1 where the file has no such
 //!   column). Rows that cannot be used (a field count other than the header's, a number column
