@@ -331,27 +331,83 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
         .unwrap();
     let host_ptrs = stream.clone_dtoh(&ptrs).unwrap();
     assert!(host_ptrs.iter().all(|&p| p != 0));
-    // Free everything, then free it all again.
-    w.free(&stream, Some(&heap), &ptrs).unwrap();
-    w.free(&stream, Some(&heap), &ptrs).unwrap();
-    // Foreign pointers: outside the heap, inside a block, inside the metadata, and null.
+    // Half of the blocks, of both sizes (pairs 0-1, 4-5, ...), are freed and then freed again;
+    // the other half stay live next to them, and to the foreign frees below. A null entry is
+    // skipped by the kernels (free(null) is no free at all).
+    let freed_here = |i: usize| (i / 2) % 2 == 0;
+    let pick = |keep: bool| -> Vec<u64> {
+        (0..n)
+            .map(|i| {
+                if freed_here(i) == keep {
+                    host_ptrs[i]
+                } else {
+                    0
+                }
+            })
+            .collect()
+    };
+    let (freed, live) = (pick(true), pick(false));
+    let n_freed = freed.iter().filter(|&&p| p != 0).count() as u64;
+    let d_freed = stream.clone_htod(&freed).unwrap();
+    w.free(&stream, Some(&heap), &d_freed).unwrap();
+    let before = heap.stats(&stream).unwrap();
+    assert_eq!(
+        (before.double_frees, before.invalid_frees),
+        (0, 0),
+        "{before:?}"
+    );
+    assert_eq!(before.live_blocks(), n as u64 - n_freed, "{before:?}");
+    // The second free of each freed block: a double free, every one (nothing was allocated
+    // since, so every slot's bit and every large block's table entry is still clear).
+    w.free(&stream, Some(&heap), &d_freed).unwrap();
+    let doubles = heap.stats(&stream).unwrap();
+    assert_eq!(
+        (doubles.double_frees, doubles.invalid_frees),
+        (n_freed, 0),
+        "{doubles:?}"
+    );
+    // Foreign pointers: outside the heap, inside the metadata, inside a live block of each
+    // size, past the data region; and null (not counted).
     let data = heap.base() + heap.geometry().data_offset;
-    let foreign = stream
-        .clone_htod(&[
-            0x1000u64,
-            data - 64,
-            host_ptrs[0] + 8,
-            host_ptrs[1] + 4096,
-            data + heap.capacity(),
-            0,
-        ])
+    let foreign = [
+        0x1000u64,
+        data - 64,
+        host_ptrs[2] + 8,
+        host_ptrs[3] + 4096,
+        data + heap.capacity(),
+        0,
+    ];
+    assert!(
+        !freed_here(2) && !freed_here(3),
+        "the interior pointers are into live blocks"
+    );
+    let invalid = foreign.iter().filter(|&&p| p != 0).count() as u64;
+    w.free(&stream, Some(&heap), &stream.clone_htod(&foreign).unwrap())
         .unwrap();
-    w.free(&stream, Some(&heap), &foreign).unwrap();
     let s = heap.stats(&stream).unwrap();
-    assert_eq!(s.double_frees + s.invalid_frees, n as u64 + 5, "{s:?}");
-    // Every large block's second free is recognised as a double free (its table entry is clear).
-    assert!(s.double_frees >= n as u64 / 2, "{s:?}");
-    assert_eq!((s.live_blocks(), s.used_bytes), (0, 0));
+    assert_eq!(
+        (s.double_frees, s.invalid_frees),
+        (n_freed, invalid),
+        "each bad free counted once, in its own category: {s:?}"
+    );
+    assert_eq!(
+        s.live_blocks(),
+        n as u64 - n_freed,
+        "bad frees freed nothing: {s:?}"
+    );
+    // The live blocks still hold their patterns (no bad free touched them), and free cleanly.
+    let d_live = stream.clone_htod(&live).unwrap();
+    let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+    w.check_free(&stream, &heap, &d_live, &d_sizes, 5, true, &mut errors)
+        .unwrap();
+    assert_eq!(
+        stream.clone_dtoh(&errors).unwrap()[0],
+        0,
+        "a live block's pattern changed"
+    );
+    let s = heap.stats(&stream).unwrap();
+    assert_eq!((s.live_blocks(), s.used_bytes), (0, 0), "{s:?}");
+    assert_eq!((s.double_frees, s.invalid_frees), (n_freed, invalid));
     // The heap still works, completely.
     w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, 6)
         .unwrap();
