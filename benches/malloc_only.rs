@@ -1,5 +1,7 @@
-//! Scenario (a): 2^20 threads, one `malloc` each, at 16 B – 4 KiB, from a freshly initialized heap
-//! and from a warm one; toga against CUDA's device malloc and the bump ceiling.
+//! Scenario (a): 2^20 threads, one `malloc` each, at 16 B – 4 KiB: on a new heap with its set-up
+//! timed (`first-use`: `Heap::reset` and the stocking of the arenas in the timed span), from a
+//! freshly initialized heap (`fresh`: the reset before it not timed) and from a warm one;
+//! toga against CUDA's device malloc and the bump ceiling.
 
 mod common;
 
@@ -14,8 +16,10 @@ fn malloc_only(c: &mut Criterion) {
     let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
     let mut csv = common::Csv::new("a_malloc_only", &gpu);
     let mut g = common::group(c, "a_malloc_only");
-    // toga from a fresh and from a warm heap, then the two baselines.
+    // toga on a new heap (its set-up timed), from a fresh and from a warm heap, then the two
+    // baselines.
     let cells = [
+        (Allocator::Toga, HeapState::FirstUse),
         (Allocator::Toga, HeapState::Fresh),
         (Allocator::Toga, HeapState::Warm),
         (Allocator::Bump, HeapState::Fresh),

@@ -15,6 +15,11 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use toga::Gpu;
 use toga_harness::{Allocator, HeapState, MallocBench, Timing};
 
+/// Runs of each cell written to the CSV: its first this many, for every allocator alike
+/// (criterion runs a fast cell many more times than a slow one, and at least a warm-up run and
+/// [`group`]'s 10 samples of one run or more, so every cell has this many).
+pub const TIMED_RUNS: usize = 10;
+
 /// 2^20 threads, the paper's and the issues' benchmark size.
 pub const THREADS: u64 = 1 << 20;
 /// Sizes of scenario (a).
@@ -123,6 +128,7 @@ impl Csv {
 
 fn state_name(s: HeapState) -> &'static str {
     match s {
+        HeapState::FirstUse => "first-use",
         HeapState::Fresh => "fresh",
         HeapState::Warm => "warm",
     }
@@ -139,24 +145,27 @@ struct Cell<'a> {
 }
 
 impl Cell<'_> {
-    /// The GPU time of the cell's kernel in `t`, written to `csv` as the row of `iteration`.
+    /// The GPU time of the cell's kernel in `t`, written to `csv` as the row of `iteration`
+    /// if it is one of the first [`TIMED_RUNS`].
     fn record(&self, csv: &mut Csv, iteration: usize, t: Timing) -> f32 {
         let ms = if self.metric == "free" {
             t.free_ms
         } else {
             t.malloc_ms
         };
-        csv.row(
-            self.scenario,
-            self.alloc.name(),
-            self.label,
-            self.threads,
-            self.state,
-            self.metric,
-            iteration,
-            ms,
-            t.failed,
-        );
+        if iteration < TIMED_RUNS {
+            csv.row(
+                self.scenario,
+                self.alloc.name(),
+                self.label,
+                self.threads,
+                self.state,
+                self.metric,
+                iteration,
+                ms,
+                t.failed,
+            );
+        }
         ms
     }
 }
