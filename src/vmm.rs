@@ -453,17 +453,25 @@ pub(crate) fn growth_step(mapped: u64) -> u64 {
 impl Vmm {
     /// Let `peers` (device ordinals, the heap's own excluded) read and write the whole mapping,
     /// now and every granule mapped later, like `cudaMemPoolSetAccess`.
+    /// On error the list of peers is as before, so that later mappings still succeed.
     pub(crate) fn set_peers(&mut self, peers: &[i32]) -> Result<()> {
+        let before = self.peers.clone();
         for &p in peers {
             if p != self.ordinal && !self.peers.contains(&p) {
                 self.peers.push(p);
             }
         }
-        self.allow(self.va, self.meta_bytes)?;
-        for (first, count) in self.mapped_runs() {
-            self.allow(self.data + first * self.granule, count * self.granule)?;
+        let granted = self.allow(self.va, self.meta_bytes).and_then(|()| {
+            self.mapped_runs()
+                .into_iter()
+                .try_for_each(|(first, count)| {
+                    self.allow(self.data + first * self.granule, count * self.granule)
+                })
+        });
+        if granted.is_err() {
+            self.peers = before;
         }
-        Ok(())
+        granted
     }
 
     /// Whether the physical allocations can be exported ([`Vmm::reserve_with`]).
