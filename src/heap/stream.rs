@@ -138,10 +138,24 @@ impl Slots {
         }
         if self.pieces.is_empty() || self.used_in_last == SLOTS_PER_PIECE {
             ctx.bind_to_thread()?;
+            let bytes = (SLOTS_PER_PIECE * 8) as usize;
             let mut p = 0;
-            // SAFETY: writes one device pointer. A fresh slot is written by its allocating
-            // kernel before anything reads it, so the memory needs no initialization.
-            check(unsafe { sys::cuMemAlloc_v2(&mut p, (SLOTS_PER_PIECE * 8) as usize) })?;
+            // SAFETY: writes one device pointer.
+            check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) })?;
+            // Zeroed before any slot is handed out, on a stream of its own that is waited
+            // for: a `free_async` misordered before its block's allocation then reads null (a
+            // no-op) rather than garbage. (A slot given back holds null too: the free's kernel
+            // clears it.)
+            let zeroed = ctx.new_stream().map_err(Error::from).and_then(|s| {
+                // SAFETY: the piece is ours, `bytes` long.
+                check(unsafe { sys::cuMemsetD8Async(p, 0, bytes, s.cu_stream()) })?;
+                s.synchronize().map_err(Error::from)
+            });
+            if let Err(e) = zeroed {
+                // SAFETY: ours, unused.
+                unsafe { sys::cuMemFree_v2(p) };
+                return Err(e);
+            }
             self.pieces.push(p);
             self.used_in_last = 0;
         }
@@ -325,7 +339,9 @@ impl Heap {
 
     /// Free a block after the work enqueued on `stream` before this call, like
     /// `cudaFreeAsync`: a [`HostBlock`] (whose pointer the kernel reads from its slot) or the
-    /// device address of any block of this heap, whichever side allocated it.
+    /// device address of any block of this heap, whichever side allocated it. As with
+    /// `cudaFreeAsync`, `stream` must be ordered after the block's allocation and every use
+    /// of it (the same stream, or an event).
     ///
     /// A pointer outside the heap's data region is refused at once with
     /// [`Error::ForeignPointer`], and counted in [`HeapStats::invalid_frees`] as a kernel's
