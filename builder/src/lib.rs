@@ -138,7 +138,7 @@ impl fmt::Display for BuildError {
             ),
             Self::NotNightly { release } => write!(
                 f,
-                "rustc {release} is not a nightly: building kernels for nvptx needs nightly Rust. Put a rust-toolchain.toml at the workspace root with\n\n[toolchain]\nchannel = \"nightly\"\ncomponents = [\"rust-src\", \"llvm-tools\"]\n\n(rustup installs it on the next build)"
+                "rustc {release} is not a nightly: building kernels for nvptx needs nightly Rust. Put a rust-toolchain.toml at the workspace root with `[toolchain]`, `channel = \"nightly\"` and `components = [\"rust-src\", \"llvm-tools\"]` (rustup installs it on the next build)"
             ),
             Self::NoOutput(p) => write!(f, "the kernel build produced no PTX at {}", p.display()),
             Self::Io { path, error } => write!(f, "{}: {error}", path.display()),
@@ -570,6 +570,8 @@ mod tests {
         assert!(stable.contains("rustc 1.95.0 is not a nightly"), "{stable}");
         assert!(stable.contains("channel = \"nightly\""), "{stable}");
         assert!(stable.contains("\"llvm-tools\""), "{stable}");
+        // One line: cargo shows only the first line of a build script's `cargo::error`.
+        assert_eq!(stable.lines().count(), 1, "{stable}");
         let tools = BuildError::MissingLlvmTools("/sysroot/bin".into()).to_string();
         assert!(tools.contains("rustup component add llvm-tools"), "{tools}");
         // Advice for another toolchain than the build's own changes nothing.
