@@ -1,6 +1,6 @@
 //! Loom models of one UAlloc bin under concurrent claims, releases and retirement
 //! (`ualloc/bin.rs`). Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_bin`
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_bin`
 //! (each model explores every interleaving of its few atomics in well under a second, also at
 //! 3 to 5 preemptions).
 //!

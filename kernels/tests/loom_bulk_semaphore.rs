@@ -1,6 +1,6 @@
 //! Loom models of the bulk semaphore: three threads, every interleaving (up to the preemption
 //! bound). Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_bulk_semaphore`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_bulk_semaphore`.
 //!
 //! A hang shows up as loom's "too many branches" failure (a spin loop that never ends).
 #![cfg(loom)]

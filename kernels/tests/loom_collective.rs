@@ -1,7 +1,8 @@
 //! Loom models of the collective mutex and of `SingleFlight` (`collective.rs`). Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --release --test loom_collective`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --release --test loom_collective`.
 //!
-//! Under loom a warp is one lane, so a group of two members is modelled by two threads: one
+//! Here a group of two members is modelled by two threads of no model warp (a warp of one
+//! lane each; `loom_warp.rs` runs the group paths on `platform::ModelWarp`s of two lanes): one
 //! acquires for both (`acquire(2)`, the leader's half of `lock`) and then starts the other
 //! (spawning orders it after the acquisition, as `bar.warp.sync` does), and each leaves on its
 //! own. Critical-section data are loom `UnsafeCell`s: overlapping sections show up as races.

@@ -15,7 +15,7 @@
 //!
 //! Against it, a lane of another warp (SM 1) allocates as `alloc` does: the semaphore's units,
 //! a read section, a claim of the bin's word; and reads the block it got. Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --test loom_free`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --release --test loom_free`.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;

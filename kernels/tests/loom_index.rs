@@ -1,6 +1,6 @@
 //! Loom model of TBuddy's availability index: a clear racing two sets on a three-layer index,
 //! every interleaving up to the preemption bound. Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_index`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_index`.
 //!
 //! The clear empties a layer-0 word and, climbing, the summaries above it, while one set
 //! refills that word and another fills its neighbour under the same summary. At the end every

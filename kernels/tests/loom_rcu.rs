@@ -1,6 +1,6 @@
 //! Loom models of the SRCU domain (`rcu.rs`): every interleaving up to the preemption bound.
 //! Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_rcu`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_rcu`.
 //!
 //! A deferred object's payload is a loom `UnsafeCell`: if a callback's write is not ordered
 //! after a reader's read (INV(RCU1)), loom reports the race; a spin loop that never ends shows

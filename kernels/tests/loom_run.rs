@@ -1,6 +1,6 @@
 //! Loom model of a run of large blocks (`tbuddy::run`): lanes that take blocks, stock the
 //! next run and flush it at once. Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_run`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_run`.
 //!
 //! The oracle is INV(TB14): every block of every run installed is handed out once or given
 //! back once by the swap that took its run out, never both, never neither.

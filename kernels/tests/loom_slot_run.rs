@@ -15,7 +15,7 @@
 //! The oracles are INV(TB14) and INV(UA19): every slot of the run is handed out once or given
 //! back once, never both; a free never clears the bit of a slot the run holds; the bin's count
 //! matches its bitmap (INV(UA3)). Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --test loom_slot_run`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --release --test loom_slot_run`.
 #![cfg(loom)]
 
 use loom::sync::Arc;

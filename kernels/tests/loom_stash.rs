@@ -1,7 +1,7 @@
 //! Loom models of the stash (`stash.rs`): givers and takers on a ring as small as the values
 //! there are (INV(ST2)), so that puts wait on slots whose takers have not emptied them yet.
 //! Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_stash`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_stash`.
 //!
 //! The oracle is INV(ST1): every value put is taken exactly once or is still in the stash at
 //! the end, never both, never neither.

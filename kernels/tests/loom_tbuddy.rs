@@ -1,6 +1,6 @@
 //! Loom models of TBuddy: a 4-page tree (max order 2), two threads, every interleaving up to
 //! the preemption bound. Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_tbuddy`.
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 cargo test -p toga-kernels --release --test loom_tbuddy`.
 //!
 //! Each model ends by checking the tree (`assert_valid`: TB1–TB7) and that every page came
 //! back; the blocks two threads hold at once must not overlap.

@@ -1,7 +1,7 @@
 //! Loom models of the group paths with warps of two lanes (`platform::ModelWarp`): groups that
 //! `match.any` forms, the collective mutex entered by a group of two with one acquisition
 //! (`collective.rs`), and a stash's take for a group of two (`stash.rs`). Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --test loom_warp`
+//! `RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=3 cargo test -p toga-kernels --release --test loom_warp`
 //! (debug assertions on, as `.ci/run` does).
 //!
 //! Each lane is a loom thread that joins its warp first; the warps name SM 0 and SM 1.
