@@ -188,7 +188,9 @@ fn a_skipped_trim_never_leaves_a_bin_a_group_emptied() {
     loom::model(|| {
         let a = arena(2);
         let gate = TrimGate::new();
-        let warp = ModelWarp::new(0b11, 0);
+        // Blocking collectives: the trim must see the whole group's free land between its
+        // steps, which spinning lanes would spend the preemption bound on.
+        let warp = ModelWarp::blocking(0b11, 0);
         let lanes: Vec<_> = [0u32, 1]
             .into_iter()
             .enumerate()

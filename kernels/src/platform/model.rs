@@ -77,6 +77,8 @@ pub struct ModelWarp {
     /// The lanes that take part ([`active_mask`]).
     mask: u32,
     sm: u32,
+    /// Whether value collectives block ([`ModelWarp::blocking`]).
+    blocking: bool,
     /// Values posted to value collectives: `(mask, n)` → the value of each lane that arrived.
     posted: Mutex<HashMap<(u32, u32), [Option<u64>; 32]>>,
     /// Arrivals at each [`sync_warp`], by `(mask, n)`, and the lanes waiting for the rest.
@@ -87,6 +89,20 @@ pub struct ModelWarp {
 impl ModelWarp {
     /// A warp whose lanes are the bits of `mask`, on SM `sm` (below [`MODEL_SMS`]).
     pub fn new(mask: u32, sm: u32) -> std::sync::Arc<Self> {
+        Self::with(mask, sm, false)
+    }
+
+    /// [`new`](Self::new), with value collectives that block as [`sync_warp`] does, and so
+    /// order memory among their lanes, which PTX does not promise: a missing barrier between
+    /// lanes that exchange a value goes unseen. What it buys: a waiting lane is not runnable,
+    /// so loom switches to another warp's thread without spending a preemption, and reaches
+    /// the interleavings where a whole group's path runs between two steps of another thread
+    /// (with spinning lanes, each wait is a switch that the bound counts).
+    pub fn blocking(mask: u32, sm: u32) -> std::sync::Arc<Self> {
+        Self::with(mask, sm, true)
+    }
+
+    fn with(mask: u32, sm: u32, blocking: bool) -> std::sync::Arc<Self> {
         assert!(
             mask != 0 && sm < MODEL_SMS,
             "a model warp of no lanes or SM {sm}"
@@ -94,6 +110,7 @@ impl ModelWarp {
         std::sync::Arc::new(Self {
             mask,
             sm,
+            blocking,
             posted: Mutex::new(HashMap::new()),
             arrived: loom::sync::Mutex::new(HashMap::new()),
             all_arrived: loom::sync::Condvar::new(),
@@ -168,12 +185,30 @@ fn exchange(mask: u32, value: u64) -> [Option<u64>; 32] {
         all[0] = Some(value);
         return all;
     };
+    if warp.blocking {
+        // Count the arrival as `sync_warp` does, and block until every lane arrived.
+        barrier(&warp, key, mask);
+        return warp.posted.lock().unwrap()[&key];
+    }
     loop {
         let all = warp.posted.lock().unwrap()[&key];
         if (0..32).all(|i| mask >> i & 1 == 0 || all[i].is_some()) {
             return all;
         }
         loom::thread::yield_now();
+    }
+}
+
+/// Wait on the warp's loom mutex and condition variable until every lane of `mask` arrived at
+/// the collective `key` (orders the lanes' memory).
+fn barrier(warp: &ModelWarp, key: (u32, u32), mask: u32) {
+    let mut arrived = warp.arrived.lock().unwrap();
+    *arrived.entry(key).or_insert(0) += 1;
+    if arrived[&key] == mask.count_ones() {
+        warp.all_arrived.notify_all();
+    }
+    while arrived[&key] < mask.count_ones() {
+        arrived = warp.all_arrived.wait(arrived).unwrap();
     }
 }
 
@@ -240,12 +275,5 @@ pub fn sync_warp(mask: u32) {
         );
         return;
     };
-    let mut arrived = warp.arrived.lock().unwrap();
-    *arrived.entry(key).or_insert(0) += 1;
-    if arrived[&key] == mask.count_ones() {
-        warp.all_arrived.notify_all();
-    }
-    while arrived[&key] < mask.count_ones() {
-        arrived = warp.all_arrived.wait(arrived).unwrap();
-    }
+    barrier(&warp, key, mask);
 }
