@@ -31,12 +31,15 @@ fn twice_the_heap(capacity: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
 
 /// Fill `heap_bytes` with requests of `lo..=hi` bytes for [`ROUNDS`] rounds; every round must
 /// serve at least `floor` of the heap (in block bytes), and no round less than the first by more
-/// than 2% of the heap and one block of the largest size, plus what UAlloc's chunks hold beyond their live blocks at the end of
-/// that round (memory stranded in arenas, issue 13, is not lost: a trim returns it); where
+/// than 2% of the heap and one block of the largest size, plus `decay` of the heap: a bound
+/// measured for the sizes whose chunks stay in their arenas between rounds (issue 13's
+/// stranding), 0 elsewhere. What the chunks hold beyond their live blocks is printed, not
+/// added back (it would excuse any decay it caused). Utilization is also printed in requested
+/// bytes (what the served requests asked for); where
 /// `lo..=hi` has small sizes, a round that serves no small block must have left less than a
 /// chunk unused (their nulls are then true out-of-memory answers). Returns the fraction served
 /// per round.
-fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
+fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64, decay: f64) -> Vec<f64> {
     let gpu = common::gpu();
     let stream = gpu.default_stream();
     let heap = Heap::new(&gpu, &stream, heap_bytes).unwrap();
@@ -46,6 +49,7 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     let mut served = Vec::new();
     let mut held = Vec::new();
+    let mut requested = Vec::new();
     for round in 0..ROUNDS {
         let mut ptrs = stream.alloc_zeros::<u64>(sizes.len()).unwrap();
         w.alloc_fill(&stream, &heap, &mut ptrs, &d_sizes, round)
@@ -58,6 +62,18 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
             .map(|(&p, &s)| (p, block_bytes(s)))
             .collect();
         let bytes: u64 = blocks.iter().map(|b| b.1).sum();
+        // What the served requests asked for: the utilization a user sees.
+        let asked: u64 = host
+            .iter()
+            .zip(&sizes)
+            .filter(|&(&p, _)| p != 0)
+            .map(|(_, &s)| s as u64)
+            .sum();
+        assert!(
+            asked <= bytes,
+            "round {round}: {asked} B asked, {bytes} B in blocks"
+        );
+        requested.push(asked as f64 / capacity as f64);
         let s = heap.stats(&stream).unwrap();
         assert_eq!(
             s.used_bytes, bytes,
@@ -115,18 +131,23 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
         assert_eq!((s.double_frees, s.invalid_frees), (0, 0));
         served.push(bytes as f64 / capacity as f64);
     }
-    eprintln!(
-        "{} MiB heap, {lo}..={hi} B, {} requests: served {}",
-        heap_bytes >> 20,
-        sizes.len(),
-        served
-            .iter()
+    let percents = |v: &[f64]| {
+        v.iter()
             .map(|f| format!("{:.1}%", f * 100.0))
             .collect::<Vec<_>>()
             .join(" ")
+    };
+    eprintln!(
+        "{} MiB heap, {lo}..={hi} B, {} requests: served {} in blocks, {} requested, {} in \
+         chunks but not in blocks",
+        heap_bytes >> 20,
+        sizes.len(),
+        percents(&served),
+        percents(&requested),
+        percents(&held)
     );
     // Rounds differ by a block or two of the largest size (1 MiB is 1.6% of 64 MiB).
-    let slack = 0.02 + block_bytes(hi) as f64 / capacity as f64;
+    let slack = 0.02 + block_bytes(hi) as f64 / capacity as f64 + decay;
     for (round, &f) in served.iter().enumerate() {
         assert!(
             f >= floor,
@@ -134,8 +155,10 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
             f * 100.0,
             floor * 100.0
         );
+        // No decay: memory left in chunks after a round's frees does not excuse a later
+        // round's serving less (held is printed, to see where the bytes went).
         assert!(
-            f + slack + held[round] >= served[0],
+            f + slack >= served[0],
             "round {round}: {:.1}% served after {:.1}% in round 0, with {:.1}% in chunks (decay)",
             f * 100.0,
             served[0] * 100.0,
@@ -163,13 +186,13 @@ fn rounds(heap_bytes: u64, lo: u32, hi: u32, floor: f64) -> Vec<f64> {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_4k_in_8mib() {
-    rounds(8 << 20, 16, 4096, 0.80);
+    rounds(8 << 20, 16, 4096, 0.80, 0.0);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_4k_in_64mib() {
-    rounds(64 << 20, 16, 4096, 0.90);
+    rounds(64 << 20, 16, 4096, 0.90, 0.0);
 }
 
 // Mixed 16 B – 64 KiB served 100% of a 64 MiB heap in every round until 2026-11-25, but only
@@ -177,19 +200,23 @@ fn mixed_16b_to_4k_in_64mib() {
 // first. Since large requests of a warp take their blocks together (`TBuddy::alloc_together`),
 // small ones get chunks too, and those chunks stay in their arenas between rounds (issue 13's
 // stranding): on an H100, runs served 94–100% in their first round and 86–96% later, at both
-// heap sizes; in an 8 MiB heap two chunks are 12.5%. The decay check allows for what the chunks
-// hold; the floors follow what was measured.
+// heap sizes; in an 8 MiB heap two chunks are 12.5%. The floors follow what was measured, and
+// so does the decay allowed: from 100% in a first round to 86% in a later one.
+
+/// The most a later round of mixed 16 B – 64 KiB served below the first on an H100 (100% and
+/// 86% of the heap, above), beyond the 2% and one block every cell is allowed.
+const STRANDING_DECAY: f64 = 0.14;
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_64k_in_8mib() {
-    rounds(8 << 20, 16, 65536, 0.80);
+    rounds(8 << 20, 16, 65536, 0.80, STRANDING_DECAY);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn mixed_16b_to_64k_in_64mib() {
-    rounds(64 << 20, 16, 65536, 0.85);
+    rounds(64 << 20, 16, 65536, 0.85, STRANDING_DECAY);
 }
 
 /// Large sizes in divergent warps: every lane of a warp asks for a different size of 4 KiB to
@@ -197,5 +224,5 @@ fn mixed_16b_to_64k_in_64mib() {
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
 fn divergent_large_sizes_in_64mib() {
-    rounds(64 << 20, 4097, 1 << 20, 0.90);
+    rounds(64 << 20, 4097, 1 << 20, 0.90, 0.0);
 }
