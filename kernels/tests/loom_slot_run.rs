@@ -81,7 +81,7 @@ fn give_back(a: &Arena, left: Leftover) -> u64 {
 
 /// What a `free` of a slot of the run's bin did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Freed {
+enum Outcome {
     Freed,
     /// The run holds the slot (nobody was handed it): refused, counted as invalid.
     Stray,
@@ -90,7 +90,7 @@ enum Freed {
 }
 
 /// `free_single`'s steps for a slot of the run's bin (module doc).
-fn free(a: &Arena, slot: u32) -> Freed {
+fn free(a: &Arena, slot: u32) -> Outcome {
     let reader = loop {
         let reader = a.rcu.read_lock_fenced();
         let look = a.run.look();
@@ -101,7 +101,7 @@ fn free(a: &Arena, slot: u32) -> Freed {
                 continue;
             }
             if slot as u64 >= look.taken {
-                return Freed::Stray;
+                return Outcome::Stray;
             }
         }
         break reader;
@@ -109,10 +109,10 @@ fn free(a: &Arena, slot: u32) -> Freed {
     let r = a.bin.release_many_fenced(class(), 0, 1 << slot);
     drop(reader);
     if r.old >> slot & 1 == 0 {
-        return Freed::Double;
+        return Outcome::Double;
     }
     a.units.release_relaxed(1);
-    Freed::Freed
+    Outcome::Freed
 }
 
 /// A lane takes a slot from the run (the stocker kept slot 0) and frees it later; a stray
@@ -164,13 +164,13 @@ fn a_stray_free_of_a_held_slot_races_a_take_and_a_flush() {
         }
         match (took, stray) {
             // The stray free found slot 1 held, or already given back (a double free).
-            (_, Freed::Stray) | (None, Freed::Double) => {}
-            (Some((_, mine)), Freed::Freed) => assert_eq!(mine, Freed::Double),
-            (Some((_, mine)), Freed::Double) => assert_eq!(mine, Freed::Freed),
+            (_, Outcome::Stray) | (None, Outcome::Double) => {}
+            (Some((_, mine)), Outcome::Freed) => assert_eq!(mine, Outcome::Double),
+            (Some((_, mine)), Outcome::Double) => assert_eq!(mine, Outcome::Freed),
             other => panic!("slot 1 freed while the run held it: {other:?}"),
         }
         if let Some((_, mine)) = took {
-            assert_ne!(mine, Freed::Stray, "a taker's own slot is not the run's");
+            assert_ne!(mine, Outcome::Stray, "a taker's own slot is not the run's");
         }
         assert_eq!(a.bin.used_word(), 1, "only the stocker's slot is taken");
         assert_eq!(a.bin.taken_slots(class()), 1, "INV(UA3)");

@@ -80,7 +80,7 @@ pub struct ModelWarp {
     /// Whether value collectives block ([`ModelWarp::blocking`]).
     blocking: bool,
     /// Values posted to value collectives: `(mask, n)` → the value of each lane that arrived.
-    posted: Mutex<HashMap<(u32, u32), [Option<u64>; 32]>>,
+    posted: Mutex<HashMap<CallKey, [Option<u64>; 32]>>,
     /// Arrivals at each [`sync_warp`], by `(mask, n)`, and the lanes waiting for the rest.
     arrived: loom::sync::Mutex<HashMap<(u32, u32), u32>>,
     all_arrived: loom::sync::Condvar,
@@ -129,6 +129,10 @@ impl ModelWarp {
         });
     }
 }
+
+/// A collective call of a warp: its mask, and how many calls with that mask each of its lanes
+/// made before it.
+type CallKey = (u32, u32);
 
 /// What a thread that joined a warp knows.
 struct Lane {
