@@ -334,7 +334,7 @@ fn double_and_foreign_frees_are_counted_and_harmless() {
     // Half of the blocks, of both sizes (pairs 0-1, 4-5, ...), are freed and then freed again;
     // the other half stay live next to them, and to the foreign frees below. A null entry is
     // skipped by the kernels (free(null) is no free at all).
-    let freed_here = |i: usize| (i / 2) % 2 == 0;
+    let freed_here = |i: usize| (i / 2).is_multiple_of(2);
     let pick = |keep: bool| -> Vec<u64> {
         (0..n)
             .map(|i| {
