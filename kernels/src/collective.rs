@@ -27,7 +27,8 @@
 //!   [`Group::sync`], [`CollectiveMutex::lock`]) must be called by every lane of the group,
 //!   with the same group, the same number of times: keep the control flow between them
 //!   uniform over the group (branch only on values every member got from a broadcast).
-//! - On the host and under loom a warp is one lane: every group is `{lane 0}`.
+//! - On the host a warp is one lane: every group is `{lane 0}`; so it is under loom, except
+//!   for the threads of a `platform::ModelWarp` (`loom_warp.rs`, `loom_free.rs`).
 
 use crate::platform::{self, Atomic32, BACKOFF_MIN_NS, Backoff};
 

@@ -7,7 +7,7 @@
 //! | --- | --- | --- | --- |
 //! | `nvptx` | `target_arch = "nvptx64"` | inline PTX, `.gpu` scope, explicit semantics | 32 lanes |
 //! | `host`  | any other target | `core::sync::atomic` | one lane |
-//! | `model` | `--cfg loom` | `loom::sync::atomic` | one lane |
+//! | `model` | `--cfg loom` | `loom::sync::atomic` | one lane, or the threads of a `ModelWarp` |
 //!
 //! # Why not `core::sync::atomic` on the GPU
 //! rustc's nvptx backend drops the ordering of every read-modify-write (`atomicrmw … seq_cst`
@@ -26,8 +26,9 @@
 //! must be set in `mask`, and every lane in `mask` must reach the same call (same call site, same
 //! mask) before any can leave it; otherwise the behaviour is undefined. Take the mask from
 //! [`active_mask`] (or a subset computed from it) and never assume the warp is converged.
-//! On the host backends a warp is one lane, so `mask` is always `1` and every collective
-//! returns the lane's own value.
+//! On the host backend a warp is one lane, so `mask` is always `1` and every collective
+//! returns the lane's own value; so it is under loom for a thread that joined no `ModelWarp`
+//! (`model.rs`: the threads that join one are its lanes, and exchange values).
 
 #[cfg(all(target_arch = "nvptx64", not(loom)))]
 mod nvptx;
