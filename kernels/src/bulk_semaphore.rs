@@ -553,8 +553,9 @@ impl<L: Layout> BulkSemaphore<L> {
     /// Convergence: call it from straight-line code that every currently active lane reaches
     /// (it takes `active_mask()` and then `match_any`/`shfl` over subsets of it, so a lane that
     /// branched away between the mask and the collectives is undefined behaviour). Lanes that
-    /// are not active when it is called simply form other groups. On the host and under loom a
-    /// warp is one lane and this is `wait`.
+    /// are not active when it is called simply form other groups. On the host a warp is one
+    /// lane and this is `wait`; under loom too, but for the lanes of a `ModelWarp`
+    /// (`loom_warp.rs`).
     pub fn wait_collective(&self, n: u32, batch: u32) -> Wait {
         let mask = platform::active_mask();
         let group = platform::match_any(mask, self as *const Self as u64);

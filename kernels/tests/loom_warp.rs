@@ -13,6 +13,7 @@ use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 
+use toga_kernels::bulk_semaphore::{BulkSemaphore, PerSm, Wait};
 use toga_kernels::collective::{CollectiveMutex, Group};
 use toga_kernels::platform::{self, Atomic32, ModelWarp};
 use toga_kernels::stash::{Stash, StashHeader};
@@ -192,4 +193,42 @@ impl Shared {
     fn stash(&self) -> Stash<'_> {
         Stash::new(&self.header, &self.slots)
     }
+}
+
+/// `BulkSemaphore::wait_collective` for a group of two lanes (the leader's one add takes a unit
+/// for each lane it can serve, the others go the slow way) while a lone lane of another warp
+/// waits too, on a semaphore with 2 units for 3 lanes. A lane told to refill makes a batch of
+/// 2, keeps 1 and signals the other. Every lane gets a unit, and the units left are exactly
+/// those the refills made beyond what they kept: none lost, none twice (INV(SEM1),
+/// INV(SEM3)), no reservation or promise left.
+#[test]
+fn a_group_of_two_and_a_lone_lane_wait_on_one_semaphore() {
+    loom::model(|| {
+        let sem = Arc::new(BulkSemaphore::<PerSm>::new(2));
+        let wait = |sem: &BulkSemaphore<PerSm>| match sem.wait_collective(1, 2) {
+            Wait::Acquired => 0,
+            Wait::MustRefill => {
+                sem.signal(1, 1);
+                1
+            }
+        };
+        let lone = {
+            let sem = sem.clone();
+            lanes(&ModelWarp::new(0b1, 1), 0b1, move |_| wait(&sem))
+        };
+        let group = {
+            let sem = sem.clone();
+            lanes(&ModelWarp::blocking(0b11, 0), 0b11, move |_| wait(&sem))
+        };
+        let refills: u32 = group
+            .into_iter()
+            .chain(lone)
+            .map(|h| h.join().unwrap())
+            .sum();
+        assert_eq!(
+            sem.counters(),
+            (refills, 0, 0),
+            "(C, E, R) after {refills} refills"
+        );
+    });
 }
