@@ -104,6 +104,8 @@ impl Csv {
         self
     }
 
+    /// One sample, written only for the cell's first [`TIMED_RUNS`] iterations (0-based), so
+    /// that every allocator's cell has the same number of samples.
     #[allow(clippy::too_many_arguments)]
     pub fn row(
         &mut self,
@@ -117,6 +119,9 @@ impl Csv {
         ms: f32,
         failed: u64,
     ) {
+        if iteration >= TIMED_RUNS {
+            return;
+        }
         writeln!(
             self.file,
             "{scenario},{alloc},{size},{threads},{state},{metric},{iteration},{ms},{failed},{},{}",
@@ -145,27 +150,24 @@ struct Cell<'a> {
 }
 
 impl Cell<'_> {
-    /// The GPU time of the cell's kernel in `t`, written to `csv` as the row of `iteration`
-    /// if it is one of the first [`TIMED_RUNS`].
+    /// The GPU time of the cell's kernel in `t`, written to `csv` as the row of `iteration`.
     fn record(&self, csv: &mut Csv, iteration: usize, t: Timing) -> f32 {
         let ms = if self.metric == "free" {
             t.free_ms
         } else {
             t.malloc_ms
         };
-        if iteration < TIMED_RUNS {
-            csv.row(
-                self.scenario,
-                self.alloc.name(),
-                self.label,
-                self.threads,
-                self.state,
-                self.metric,
-                iteration,
-                ms,
-                t.failed,
-            );
-        }
+        csv.row(
+            self.scenario,
+            self.alloc.name(),
+            self.label,
+            self.threads,
+            self.state,
+            self.metric,
+            iteration,
+            ms,
+            t.failed,
+        );
         ms
     }
 }

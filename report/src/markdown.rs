@@ -29,6 +29,7 @@ pub fn document(
         let _ = writeln!(md, "- {line}");
     }
     let _ = writeln!(md);
+    let _ = writeln!(md, "{STATES}\n");
     for (path, alt) in links {
         let _ = writeln!(md, "![{alt}]({path})\n");
     }
@@ -39,13 +40,28 @@ pub fn document(
     md
 }
 
+/// What each value of the `heap` column includes in the timed span, printed before the
+/// tables.
+const STATES: &str = "The `heap` column says what the timed kernel found and what its time \
+     includes. `first-use`: a new heap's set-up and its first `malloc` kernel, timed together \
+     (`Heap::reset`: the metadata zeroed, the init kernels, the arenas stocked; then the \
+     kernel), as a user's first kernel on a new heap pays for them. `fresh`: the same kernel \
+     on a heap just set up by an untimed `Heap::reset`. `warm`: the kernel on a heap that has \
+     served and freed this size before (not reset since). A heap size (`8MiB`, ...): \
+     `u_utilization`'s fresh heap of that size. The baselines have nothing to set up: their \
+     rows say `fresh`. Each cell's median is over the first 10 runs of the cell (criterion \
+     runs a fast cell more often; the CSVs keep its first 10, for every allocator alike: \
+     `benches/common/mod.rs`, `TIMED_RUNS`); a bench that runs a cell fewer times (CUDA's \
+     churn, once) says so in its `n`.";
+
 /// What a scenario measures, printed under its heading (the thread counts, sizes and rounds are in
 /// its table).
 fn describe(scenario: &str) -> Option<&'static str> {
     Some(match scenario {
         "a_malloc_only" => {
-            "malloc only: every thread calls `malloc` once, on a fresh heap (just initialized) and \
-             on a warm one (after a malloc/free round of the same size)."
+            "malloc only: every thread calls `malloc` once, on a new heap with its set-up timed \
+             (first-use), on a fresh heap (just initialized, not timed) and on a warm one (after \
+             a malloc/free round of the same size)."
         }
         "b_free" => {
             "free only: every thread frees the one block it got from a `malloc` kernel (not timed)."
