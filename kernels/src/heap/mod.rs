@@ -442,14 +442,17 @@ impl ChunkSource for HeapChunks<'_> {
     }
 
     /// Free pages in chunks (one load; fragmentation may make fewer whole chunks available).
-    /// A growable heap that may still grow has plenty: `alloc_chunk` maps more memory rather
-    /// than answer null, so its arenas need not share bins (INV(UA16)).
+    /// A growable heap that may still grow counts the pages it has not mapped yet too, up to
+    /// its maximum (`alloc_chunk` maps more rather than answer null): it plans as a fixed heap
+    /// of its maximum does (INV(HP8)).
     fn chunks_left(&self) -> usize {
         let h = self.header;
+        let buddy = self.heap().buddy();
+        let mut pages = buddy.free_pages();
         if h.geometry.mailbox != 0 && h.grow_denied.0.load_relaxed() == 0 {
-            return usize::MAX;
+            pages += h.geometry.pages.saturating_sub(buddy.usable_pages());
         }
-        (self.heap().buddy().free_pages() >> CHUNK_ORDER) as usize
+        (pages >> CHUNK_ORDER) as usize
     }
 
     /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)). The
@@ -465,14 +468,10 @@ impl ChunkSource for HeapChunks<'_> {
         self.heap().flush_stashes()
     }
 
-    /// A fixed heap's pages in chunks (the header's geometry, plain loads); a growable heap
-    /// has no bound.
+    /// The heap's pages in chunks (the header's geometry, plain loads): a fixed heap's, or a
+    /// growable heap's at its maximum (INV(HP8)).
     fn chunks_at_most(&self) -> usize {
-        let g = &self.header.geometry;
-        if g.mailbox != 0 {
-            return usize::MAX;
-        }
-        (g.pages >> CHUNK_ORDER) as usize
+        (self.header.geometry.pages >> CHUNK_ORDER) as usize
     }
 }
 
@@ -755,7 +754,9 @@ impl<'a> DeviceHeap<'a> {
     }
 
     /// The mailbox exchange, under the grow lock: post a request unless one is open, wait for
-    /// the answer, take it in.
+    /// the answer, take it in. Inlined into `grow_on_demand`, the one function of a kernel
+    /// whose accesses may be of system scope (`tests/ptxas.rs`).
+    #[inline(always)]
     fn grow_locked(&self, bytes: u64, start: u64) -> bool {
         let mb = self.header.geometry.mailbox as *mut Mailbox;
         // SAFETY: the host keeps the mailbox mapped for the heap's life; only the lock holder

@@ -31,7 +31,7 @@
 //! block. A run's bins are marked ([`RUN_BIN`] on the owner word), and a `free` into a marked
 //! bin asks the arena's run of the class ([`run_holds`]): a slot of the run the word names
 //! whose item is at or above the count was never handed out, and the free is refused
-//! (counted as invalid). Every swap of a run word is guarded ([`Run::replace`]): the run's
+//! (counted as invalid). Every swap of a run word is guarded ([`Run::replace`](crate::run::Run::replace)): the run's
 //! leftover slots are given back before the word stops naming it, and the new run's bins are
 //! published only while the word names it closed, so a `free` never finds a run's slot that
 //! the word does not account for. A group that crosses the end of a run keeps the items it
@@ -48,7 +48,6 @@ use crate::platform;
 use crate::run::{Leftover, Look, MAX_BASE, Next, Take, Takes};
 use crate::size_class::{BinKind, NUM_CLASSES, SizeClass};
 use crate::ualloc::alloc::slot_ptr;
-use crate::ualloc::arena::Arena;
 use crate::ualloc::arena::bin_at;
 use crate::ualloc::bin::{BinHeader, RUN_BIN};
 use crate::ualloc::free::{give_units, release_bits};
@@ -167,16 +166,16 @@ pub(crate) enum Held {
     No,
     /// The run holds the slot: nobody was handed it.
     Yes,
-    /// The run's word is in a swap: wait for it ([`Run::wait_while_draining`]), then look
+    /// The run's word is in a swap: wait for it ([`Run::wait_while_draining`](crate::run::Run::wait_while_draining)), then look
     /// again.
     Swapping(Look),
 }
 
-/// Whether the run of `class` of `arena` holds slot `slot` of `bin` (a bin carved for a run,
-/// [`RUN_BIN`]; INV(UA19)). Inside the read section of the free that asks, after its look.
+/// Whether the run of `class` whose word reads `look` ([`Run::look`](crate::run::Run::look), of the bin's arena,
+/// loaded inside the read section of the free that asks) holds slot `slot` of `bin` (a bin
+/// carved for a run, [`RUN_BIN`]; INV(UA19)).
 #[inline(always)]
-pub(crate) fn run_holds(arena: &Arena, class: SizeClass, bin: &BinHeader, slot: u32) -> Held {
-    let look = arena.slot_run(class).look();
+pub(crate) fn run_holds(look: Look, class: SizeClass, bin: &BinHeader, slot: u32) -> Held {
     let Some(base) = look.base else {
         return Held::No;
     };
