@@ -18,7 +18,6 @@
 
 use crate::collective::Group;
 use crate::platform;
-use crate::run::Look;
 use crate::size_class::{BinKind, SizeClass};
 use crate::ualloc::alloc::note_not_full;
 use crate::ualloc::arena::Arena;
@@ -43,45 +42,25 @@ struct Spot<'a> {
 impl Spot<'_> {
     /// Whether the slot may be freed as far as the runs go (INV(UA19)): its bin was not
     /// carved for a run, or the arena's run of its class does not hold it. Inside the read
-    /// section of the free's arena; `early`: the run word [`Hint::run_look`] loaded there.
+    /// section of the free's arena, after the look.
     #[inline(always)]
-    fn not_held(&self, arena: &Arena, hint: Hint, early: Option<Look>) -> bool {
-        !self.in_run || matches!(self.held(arena, hint, early), Held::No)
+    fn not_held(&self, arena: &Arena) -> bool {
+        !self.in_run || matches!(self.held(arena), Held::No)
     }
 
-    /// What the arena's run of the slot's class holds of it (a bin carved for a run): from the
-    /// word loaded early when the look found the class the hint did, else from a new load.
+    /// What the arena's run of the slot's class holds of it (a bin carved for a run). The
+    /// run's word is loaded after the look, whose class names it. Not kept: the word of the
+    /// class the optimistic look found, loaded beside the look (no dependent round trip);
+    /// 2^20 frees of 16 B and 64 B took 5-9% longer that way than after it, acquire or
+    /// relaxed (H200, two runs of three rounds each).
     #[inline(always)]
-    fn held(&self, arena: &Arena, hint: Hint, early: Option<Look>) -> Held {
-        let look = match early {
-            Some(look) if hint.run_class == self.class.index() as u32 => look,
-            _ => arena.slot_run(self.class).look(),
-        };
-        run_holds(look, self.class, self.bin, self.slot)
-    }
-}
-
-/// What the optimistic look found, for the lanes' steps inside the read section: the bin's
-/// owner and chunk kind, and the class when the bin was carved for a run ([`NO_RUN`]
-/// otherwise).
-#[derive(Clone, Copy)]
-struct Hint {
-    owner: u32,
-    kind: BinKind,
-    run_class: u32,
-}
-
-/// [`Hint::run_class`] of a bin not carved for a run.
-const NO_RUN: u32 = u32::MAX;
-
-impl Hint {
-    /// The run word of the hint's class in `arena`, when the hint's bin was carved for a run:
-    /// loaded inside the read section (so the bin cannot be carved anew meanwhile) beside the
-    /// look, instead of after it (a dependent round trip to memory on every free of a run's
-    /// slot).
-    #[inline(always)]
-    fn run_look(self, arena: &Arena) -> Option<Look> {
-        SizeClass::from_index(self.run_class as usize).map(|c| arena.slot_run(c).look())
+    fn held(&self, arena: &Arena) -> Held {
+        run_holds(
+            arena.slot_run(self.class).look(),
+            self.class,
+            self.bin,
+            self.slot,
+        )
     }
 }
 
@@ -246,15 +225,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             locate_hint(chunk, addr)
         };
         let key = hint.map_or(0, |s| word_key(s.bin, s.slot));
-        let hint = hint.map(|s| Hint {
-            owner: s.owner,
-            kind: s.kind,
-            run_class: if s.in_run {
-                s.class.index() as u32
-            } else {
-                NO_RUN
-            },
-        });
+        let hint = hint.map(|s| (s.owner, s.kind));
         let active = platform::active_mask();
         let group = Group::of_among(active, key);
         // Where any lanes share a word, every lane of a block takes the group path, a lane alone
@@ -277,15 +248,14 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// # Safety
     /// As for [`free`](Self::free).
     #[inline(never)]
-    unsafe fn free_single(&self, p: *mut u8, hint: Option<Hint>) -> FreeOutcome {
+    unsafe fn free_single(&self, p: *mut u8, hint: Option<(u32, BinKind)>) -> FreeOutcome {
         let addr = p as usize;
         // INV(UA1): UAlloc blocks are never page-aligned (null included). A live block is
         // never missed by the hint: its carving happened before its allocation, which
         // happened before this free.
-        let Some(h) = hint else {
+        let Some((ai, kind)) = hint else {
             return FreeOutcome::Invalid;
         };
-        let (ai, kind) = (h.owner, h.kind);
         let Some(arena) = self.arenas.get(ai as usize) else {
             return FreeOutcome::Invalid;
         };
@@ -294,7 +264,6 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         let (reader, at) = loop {
             // The entry's fence also releases the caller's writes to the block (free_bits).
             let reader = arena.rcu.read_lock_fenced();
-            let early = h.run_look(arena);
             // INV(UA8)/INV(UA12)/INV(RCU1): re-checked inside the read section, the bin stays
             // carved by this arena (and its chunk UAlloc's) until we leave it.
             let Some(at) = locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai) else {
@@ -304,7 +273,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 break (reader, at);
             }
             // INV(UA19): a slot that the run of its bin still holds was never handed out.
-            match at.held(arena, h, early) {
+            match at.held(arena) {
                 Held::No => break (reader, at),
                 Held::Yes => return FreeOutcome::Invalid,
                 Held::Swapping(seen) => {
@@ -334,12 +303,17 @@ impl<S: ChunkSource> UAlloc<'_, S> {
     /// # Safety
     /// As for [`free`](Self::free).
     #[inline(never)]
-    unsafe fn free_group(&self, group: &Group, p: *mut u8, hint: Option<Hint>) -> FreeOutcome {
+    unsafe fn free_group(
+        &self,
+        group: &Group,
+        p: *mut u8,
+        hint: Option<(u32, BinKind)>,
+    ) -> FreeOutcome {
         let addr = p as usize;
         // SAFETY: the caller guarantees the chunk-aligned block around `p` is readable.
         let chunk = unsafe { ChunkHeader::at(chunk_base(addr)) };
         // Every lane of the group saw the same word, so the same chunk, bin and owner.
-        let ai = group.broadcast_u32(hint.map_or(u32::MAX, |h| h.owner)) as usize;
+        let ai = group.broadcast_u32(hint.map_or(u32::MAX, |(owner, _)| owner)) as usize;
         let arena = self.arenas.get(ai);
         // The barrier orders the members' writes to their blocks before the leader's entry,
         // whose fence releases them to the next claimers (release_bits).
@@ -353,11 +327,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
         // slot in the word they were grouped by (INV(UA8)/INV(RCU1)).
         group.sync();
         let here = match (arena, hint) {
-            (Some(a), Some(h)) => {
-                let early = h.run_look(a);
-                locate_as(chunk, addr, h.kind, true)
-                    .filter(|s| s.owner as usize == ai && s.not_held(a, h, early))
-            }
+            (Some(a), Some((_, kind))) => locate_as(chunk, addr, kind, true)
+                .filter(|s| s.owner as usize == ai && s.not_held(a)),
             _ => None,
         };
         let (slot, class, bin) = match here {
@@ -477,11 +448,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                     .filter(|s| (s.owner as usize) < self.arenas.len())
                     .map(|s| (chunk, s.owner, s.kind))
             };
-            let hint = target.map(|(_, owner, kind)| Hint {
-                owner,
-                kind,
-                run_class: NO_RUN,
-            });
+            let hint = target.map(|(_, owner, kind)| (owner, kind));
             let Some((chunk, ai, kind)) = target else {
                 // SAFETY: forwarded.
                 out[i] = unsafe { self.free_single(ptrs[i], hint) };
@@ -490,13 +457,8 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             };
             let arena = &self.arenas[ai as usize];
             let reader = arena.rcu.read_lock_fenced();
-            let none = Hint {
-                owner: ai,
-                kind,
-                run_class: NO_RUN,
-            };
-            let Some(at) = locate_as(chunk, addr, kind, true)
-                .filter(|s| s.owner == ai && s.not_held(arena, none, None))
+            let Some(at) =
+                locate_as(chunk, addr, kind, true).filter(|s| s.owner == ai && s.not_held(arena))
             else {
                 drop(reader);
                 // SAFETY: forwarded.
@@ -518,7 +480,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 if let Some(m) = locate_as(chunk, a, kind, true)
                     && m.class == class
                     && word_key(m.bin, m.slot) == key
-                    && m.not_held(arena, none, None)
+                    && m.not_held(arena)
                 {
                     members[k] = (j, m.slot);
                     k += 1;
