@@ -308,6 +308,10 @@ impl Geometry {
     }
 }
 
+/// A large-block table entry whose block was freed (INV(HP1)): a free that finds it is a
+/// double free, one that finds 0 the free of a pointer `malloc` never handed out.
+const FREED_LARGE: u32 = u32::MAX;
+
 /// The first bytes of every heap.
 #[repr(C, align(128))]
 pub struct HeapHeader {
@@ -1261,7 +1265,7 @@ impl<'a> DeviceHeap<'a> {
         if (p as usize).is_multiple_of(PAGE_SIZE) {
             let page = ((p as u64 - self.data as u64) >> PAGE_SHIFT) as usize;
             match self.large[page].load_relaxed() {
-                0 => 0,
+                0 | FREED_LARGE => 0,
                 o => PAGE_SIZE << (o - 1),
             }
         } else if !self.is_mapped(p) {
@@ -1376,8 +1380,11 @@ impl<'a> DeviceHeap<'a> {
             // (no MEMBAR on the GPU, where `acq_rel` issues one): the tree's steps below stay
             // after the swap; the block's writes are published by the release that makes it
             // Available (`TBuddy::free`), not by this swap.
-            match self.large[page].swap_acquire(0) {
-                0 => (stat::DOUBLE_FREES, 0),
+            match self.large[page].swap_acquire(FREED_LARGE) {
+                // Never the first page of a block that `malloc` handed out: inside one, or a
+                // block a run or a stash holds.
+                0 => (stat::INVALID_FREES, 0),
+                FREED_LARGE => (stat::DOUBLE_FREES, 0),
                 o => (
                     stat::LIVE_LARGE,
                     Self::free_large(self.header, offset, o - 1),
