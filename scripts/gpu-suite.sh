@@ -22,7 +22,7 @@ t() {
   timeout -s KILL "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc"
-  if [ "$rc" != 0 ] || grep -qE "test result: FAILED|panicked at|wrong sums|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]" "$out/$name.log"; then
+  if [ "$rc" != 0 ] || grep -qE "test result: FAILED|panicked at|\b[1-9][0-9]* wrong sums|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]" "$out/$name.log"; then
     failed+=("$name (rc=$rc)")
   fi
 }

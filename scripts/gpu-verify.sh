@@ -20,7 +20,7 @@ t() { # name limit command...: run, then print rc, seconds and the test summarie
   local rc=$?
   echo "=== $n rc=$rc $((SECONDS - s)) s"
   grep -hE "^test .*(FAIL|panicked)|test result|ERROR SUMMARY|RACECHECK SUMMARY|wrong sums" "$L/$n.log"
-  if [ "$rc" != 0 ] || grep -qE "test result: FAILED|panicked at|wrong sums|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]" "$L/$n.log"; then
+  if [ "$rc" != 0 ] || grep -qE "test result: FAILED|panicked at|\b[1-9][0-9]* wrong sums|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]" "$L/$n.log"; then
     failed+=("$n (rc=$rc)")
   fi
 }
