@@ -325,8 +325,7 @@ impl Run {
     /// and a `free` that goes on to the bitmap (a word that no longer names the run) clears
     /// the bit with an RMW, as the swapper's give-back does: whichever comes second finds
     /// the bit clear and gives no unit, so the slot is freed once whatever their order, and
-    /// the run hands it out no more. An acquire here was a round trip more on every free of a
-    /// run's slot: 2^20 frees of 16 B and 64 B 7-10% slower than without the check (H200).
+    /// the run hands it out no more.
     #[inline(always)]
     pub fn look(&self) -> Look {
         let word = self.0.load_relaxed();

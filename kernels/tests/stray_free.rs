@@ -8,83 +8,14 @@ mod common;
 
 use common::with_deadline;
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::sync::{Arc, Barrier};
 
-use toga_kernels::heap::{DeviceHeap, Geometry, HeapHeader, StatsShard, stat};
+#[path = "common/host_heap.rs"]
+mod host_heap;
+
+use host_heap::HostHeap;
+use toga_kernels::heap::stat;
 use toga_kernels::pattern;
-use toga_kernels::ualloc::CHUNK_SIZE;
-
-/// A heap in host memory, laid out as on the GPU.
-struct HostHeap {
-    mem: *mut u8,
-    layout: Layout,
-    geometry: Geometry,
-}
-
-// SAFETY: the heap is made for concurrent use; the buffer is owned by this struct.
-unsafe impl Send for HostHeap {}
-// SAFETY: as above.
-unsafe impl Sync for HostHeap {}
-
-impl HostHeap {
-    fn new(data_bytes: u64, arenas: u64) -> Self {
-        let total = Geometry::allocation_bytes(data_bytes, arenas).unwrap();
-        let layout = Layout::from_size_align(total as usize, CHUNK_SIZE).unwrap();
-        // SAFETY: non-zero size.
-        let mem = unsafe { alloc_zeroed(layout) };
-        assert!(!mem.is_null());
-        let geometry = Geometry::new(mem as u64, total, data_bytes, arenas).unwrap();
-        // SAFETY: the header is at the start of the zeroed buffer; nothing else uses it yet.
-        unsafe {
-            let header = mem as *mut HeapHeader;
-            std::ptr::addr_of_mut!((*header).geometry).write(geometry);
-            let heap = DeviceHeap::from_base(mem);
-            heap.init_nodes(0, 1);
-            heap.init_finish();
-        }
-        Self {
-            mem,
-            layout,
-            geometry,
-        }
-    }
-
-    fn heap(&self) -> DeviceHeap<'_> {
-        // SAFETY: initialized in `new`, lives as long as `self`.
-        unsafe { DeviceHeap::from_base(self.mem) }
-    }
-
-    /// A statistics word summed over the arenas' shards.
-    fn stat(&self, word: usize) -> u64 {
-        let g = &self.geometry;
-        (0..g.arenas as usize)
-            .map(|a| {
-                // SAFETY: reading the shards of our own heap.
-                unsafe {
-                    let shard = self
-                        .mem
-                        .add(g.shards_offset as usize + a * size_of::<StatsShard>())
-                        as *const u64;
-                    std::ptr::read_volatile(shard.add(word))
-                }
-            })
-            .fold(0u64, u64::wrapping_add)
-    }
-
-    /// Live blocks, as `toga::HeapStats::live_blocks` computes them.
-    fn live_blocks(&self) -> u64 {
-        self.stat(stat::MALLOCS)
-            .wrapping_sub(self.stat(stat::FREES))
-    }
-}
-
-impl Drop for HostHeap {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.mem, self.layout) };
-    }
-}
 
 /// Fill `p` (a block of `size` bytes) with `tag`'s pattern.
 fn fill(p: *mut u8, size: usize, tag: u64) {

@@ -50,9 +50,9 @@ impl Spot<'_> {
 
     /// What the arena's run of the slot's class holds of it (a bin carved for a run). The
     /// run's word is loaded after the look, whose class names it. Not kept: the word of the
-    /// class the optimistic look found, loaded beside the look (no dependent round trip);
-    /// 2^20 frees of 16 B and 64 B took 5-9% longer that way than after it, acquire or
-    /// relaxed (H200, two runs of three rounds each).
+    /// class the optimistic look found, loaded beside the look (no dependent round trip):
+    /// 2^20 frees of 16 B and 64 B took 1-9% longer that way than after it (acquire: +4.5%
+    /// and +1.4%; relaxed, in another call: +9% and +8%; H200, medians of three rounds).
     #[inline(always)]
     fn held(&self, arena: &Arena) -> Held {
         run_holds(
