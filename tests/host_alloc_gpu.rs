@@ -6,47 +6,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg, sys};
-use toga::{Error, Gpu, Heap, HostBlock, launch_config};
+use cudarc::driver::sys;
+use toga::{Error, Gpu, Heap, HostBlock};
 use toga_harness::{Workloads, uniform_sizes};
-
-/// Fill (`check == false`) or check the pattern of `n` blocks: `ptrs[i]` is the block's
-/// pointer, or with `indirect` the address of the slot holding it. Returns the two error
-/// counts: wrong words, null blocks.
-#[allow(clippy::too_many_arguments)]
-fn pattern(
-    gpu: &Gpu,
-    stream: &Arc<CudaStream>,
-    ptrs: &CudaSlice<u64>,
-    indirect: bool,
-    sizes: &CudaSlice<u64>,
-    tag: u32,
-    check: bool,
-) -> [u64; 2] {
-    let f = gpu.function("toga_host_pattern").unwrap();
-    let n = ptrs.len().min(sizes.len()) as u64;
-    let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
-    let (indirect, check) = (indirect as u32, check as u32);
-    // SAFETY: `ptrs` and `sizes` hold `n` words, `errors` two.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(ptrs)
-            .arg(&indirect)
-            .arg(sizes)
-            .arg(&n)
-            .arg(&tag)
-            .arg(&check)
-            .arg(&mut errors)
-            .launch(launch_config(n))
-            .unwrap();
-    }
-    let e = stream.clone_dtoh(&errors).unwrap();
-    [e[0], e[1]]
-}
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
@@ -67,11 +31,11 @@ fn host_blocks_are_used_by_kernels_and_freed_by_the_host_without_a_sync() {
         .unwrap();
     let d_sizes = stream.clone_htod(&sizes).unwrap();
     assert_eq!(
-        pattern(&gpu, &stream, &slots, true, &d_sizes, 7, false),
+        common::host_pattern(&gpu, &stream, &slots, true, &d_sizes, 7, false),
         [0, 0]
     );
     assert_eq!(
-        pattern(&gpu, &stream, &slots, true, &d_sizes, 7, true),
+        common::host_pattern(&gpu, &stream, &slots, true, &d_sizes, 7, true),
         [0, 0]
     );
     let addresses: Vec<u64> = blocks.iter().map(|b| b.address(&stream).unwrap()).collect();
@@ -155,11 +119,11 @@ fn each_side_frees_the_others_blocks_and_the_stats_count_both() {
     heap.alloc_async_batch(&d_sizes, &mut host_ptrs, &stream)
         .unwrap();
     assert_eq!(
-        pattern(&gpu, &stream, &host_ptrs, false, &d_sizes, 2, false),
+        common::host_pattern(&gpu, &stream, &host_ptrs, false, &d_sizes, 2, false),
         [0, 0]
     );
     assert_eq!(
-        pattern(&gpu, &stream, &host_ptrs, false, &d_sizes, 2, true),
+        common::host_pattern(&gpu, &stream, &host_ptrs, false, &d_sizes, 2, true),
         [0, 0]
     );
     w.free(&stream, Some(&heap), &host_ptrs).unwrap();
@@ -168,11 +132,11 @@ fn each_side_frees_the_others_blocks_and_the_stats_count_both() {
     heap.alloc_async_uniform(64, &mut uniform, &stream).unwrap();
     let d64 = stream.clone_htod(&vec![64u64; n as usize]).unwrap();
     assert_eq!(
-        pattern(&gpu, &stream, &uniform, false, &d64, 3, false),
+        common::host_pattern(&gpu, &stream, &uniform, false, &d64, 3, false),
         [0, 0]
     );
     assert_eq!(
-        pattern(&gpu, &stream, &uniform, false, &d64, 3, true),
+        common::host_pattern(&gpu, &stream, &uniform, false, &d64, 3, true),
         [0, 0]
     );
     let during = heap.stats(&stream).unwrap();
@@ -285,11 +249,11 @@ fn a_growable_heap_grows_for_a_host_allocation() {
     let ptrs = stream.clone_htod(&[p]).unwrap();
     let sizes = stream.clone_htod(&[64u64 << 20]).unwrap();
     assert_eq!(
-        pattern(&gpu, &stream, &ptrs, false, &sizes, 9, false),
+        common::host_pattern(&gpu, &stream, &ptrs, false, &sizes, 9, false),
         [0, 0]
     );
     assert_eq!(
-        pattern(&gpu, &stream, &ptrs, false, &sizes, 9, true),
+        common::host_pattern(&gpu, &stream, &ptrs, false, &sizes, 9, true),
         [0, 0]
     );
     heap.free_async(b, &stream).unwrap();
@@ -326,7 +290,7 @@ fn host_and_kernel_blocks_on_several_streams() {
         let mut from_host = s.alloc_zeros::<u64>(n as usize).unwrap();
         heap.alloc_async_batch(&d64, &mut from_host, s).unwrap();
         assert_eq!(
-            pattern(&gpu, s, &from_host, false, &d64, 100 + k as u32, false),
+            common::host_pattern(&gpu, s, &from_host, false, &d64, 100 + k as u32, false),
             [0, 0]
         );
         kept.push((from_kernel, from_host, d32, d64));
@@ -339,7 +303,7 @@ fn host_and_kernel_blocks_on_several_streams() {
             .unwrap();
         assert_eq!(s.clone_dtoh(&errors).unwrap(), [0, 0]);
         assert_eq!(
-            pattern(&gpu, s, from_host, false, d64, 100 + k as u32, true),
+            common::host_pattern(&gpu, s, from_host, false, d64, 100 + k as u32, true),
             [0, 0]
         );
         heap.free_async_batch(from_kernel, s).unwrap();

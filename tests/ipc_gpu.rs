@@ -15,45 +15,12 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
-use toga::{
-    Error, Gpu, Heap, ImportedHeap, IpcDescriptor, launch_config, recv_export, send_export,
-};
+use cudarc::driver::CudaStream;
+use toga::{Error, Gpu, Heap, ImportedHeap, IpcDescriptor, recv_export, send_export};
 
 const ROLE: &str = "TOGA_IPC_ROLE";
 const SOCKET: &str = "TOGA_IPC_SOCKET";
 const N: usize = 1 << 12;
-
-/// Fill or check the pattern of `ptrs` (sizes `sizes`) on `gpu`; (wrong words, null blocks).
-fn pattern(
-    gpu: &Gpu,
-    stream: &Arc<CudaStream>,
-    ptrs: &CudaSlice<u64>,
-    sizes: &CudaSlice<u64>,
-    tag: u32,
-    check: bool,
-) -> [u64; 2] {
-    let f = gpu.function("toga_host_pattern").unwrap();
-    let n = ptrs.len() as u64;
-    let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
-    let check = check as u32;
-    // SAFETY: `ptrs` and `sizes` hold `n` words, `errors` two.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(ptrs)
-            .arg(&0u32)
-            .arg(sizes)
-            .arg(&n)
-            .arg(&tag)
-            .arg(&check)
-            .arg(&mut errors)
-            .launch(launch_config(n))
-            .unwrap();
-    }
-    let e = stream.clone_dtoh(&errors).unwrap();
-    [e[0], e[1]]
-}
 
 fn sizes() -> Vec<u64> {
     (0..N as u64).map(|i| 16 + (i * 97) % 8192).collect()
@@ -112,11 +79,14 @@ fn importer(socket: &str) {
     let d_ptrs = stream.clone_htod(&local).unwrap();
     let d_sizes = stream.clone_htod(&sizes()).unwrap();
     assert_eq!(
-        pattern(&gpu, &stream, &d_ptrs, &d_sizes, 1, true),
+        common::host_pattern(&gpu, &stream, &d_ptrs, false, &d_sizes, 1, true),
         [0, 0],
         "the importer reads the owner's blocks"
     );
-    assert_eq!(pattern(&gpu, &stream, &d_ptrs, &d_sizes, 2, false), [0, 0]);
+    assert_eq!(
+        common::host_pattern(&gpu, &stream, &d_ptrs, false, &d_sizes, 2, false),
+        [0, 0]
+    );
     stream.synchronize().unwrap();
     match heap.alloc_async(64, &stream) {
         Err(e @ Error::ImportedHeap(_)) => println!("importer: {e}"),
@@ -153,7 +123,10 @@ fn two_processes_share_a_heap() {
     let mut ptrs = stream.alloc_zeros::<u64>(N).unwrap();
     heap.alloc_async_batch(&d_sizes, &mut ptrs, &stream)
         .unwrap();
-    assert_eq!(pattern(&gpu, &stream, &ptrs, &d_sizes, 1, false), [0, 0]);
+    assert_eq!(
+        common::host_pattern(&gpu, &stream, &ptrs, false, &d_sizes, 1, false),
+        [0, 0]
+    );
     let export = heap.export_ipc().unwrap();
     let path = socket_path("share");
     let _ = std::fs::remove_file(&path);
@@ -174,7 +147,7 @@ fn two_processes_share_a_heap() {
     let _ = std::fs::remove_file(&path);
     assert!(status.success(), "the importer failed: {status}");
     assert_eq!(
-        pattern(&gpu, &stream, &ptrs, &d_sizes, 2, true),
+        common::host_pattern(&gpu, &stream, &ptrs, false, &d_sizes, 2, true),
         [0, 0],
         "the owner reads what the importer wrote"
     );

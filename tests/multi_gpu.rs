@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 use toga::{Error, Gpu, Heap, device_count, launch_config};
 use toga_harness::{Workloads, uniform_sizes};
 
@@ -34,38 +32,6 @@ fn can_access(device: usize, peer: usize) -> bool {
         sys::cuDeviceCanAccessPeer(&mut can, p, d).result().unwrap();
     }
     can != 0
-}
-
-/// Fill (`check == false`) or check the pattern of the blocks `ptrs` (sizes `sizes`) from a
-/// kernel on `gpu`; returns (wrong words, null blocks).
-fn pattern(
-    gpu: &Gpu,
-    stream: &Arc<CudaStream>,
-    ptrs: &CudaSlice<u64>,
-    sizes: &CudaSlice<u64>,
-    tag: u32,
-    check: bool,
-) -> [u64; 2] {
-    let f = gpu.function("toga_host_pattern").unwrap();
-    let n = ptrs.len() as u64;
-    let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
-    let check = check as u32;
-    // SAFETY: `ptrs` and `sizes` hold `n` words, `errors` two.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(ptrs)
-            .arg(&0u32)
-            .arg(sizes)
-            .arg(&n)
-            .arg(&tag)
-            .arg(&check)
-            .arg(&mut errors)
-            .launch(launch_config(n))
-            .unwrap();
-    }
-    let e = stream.clone_dtoh(&errors).unwrap();
-    [e[0], e[1]]
 }
 
 #[test]
@@ -125,8 +91,15 @@ fn peer_round_trip(heap: &Heap, g0: &Gpu, g1: &Gpu, n: u64) {
         s1.clone_htod(&host_ptrs).unwrap(),
         s1.clone_htod(&sizes).unwrap(),
     );
-    assert_eq!(pattern(g1, &s1, &p1, &sz1, 1, true), [0, 0], "GPU 1 reads");
-    assert_eq!(pattern(g1, &s1, &p1, &sz1, 2, false), [0, 0]);
+    assert_eq!(
+        common::host_pattern(g1, &s1, &p1, false, &sz1, 1, true),
+        [0, 0],
+        "GPU 1 reads"
+    );
+    assert_eq!(
+        common::host_pattern(g1, &s1, &p1, false, &sz1, 2, false),
+        [0, 0]
+    );
     s1.synchronize().unwrap();
     let mut errors = s0.alloc_zeros::<u64>(2).unwrap();
     w0.check_free(&s0, heap, &ptrs, &d32, 2, true, &mut errors)

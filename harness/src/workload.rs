@@ -115,6 +115,41 @@ pub struct Churn {
     pub sizes: (u32, u32),
 }
 
+/// `toga_host_pattern` (toga's own PTX and the harness's): threads `0..n` fill, or with
+/// `check` check, the pattern of `(i, tag)` over `sizes[i]` bytes at block `i`, whose address
+/// is `ptrs[i]`, or with `indirect` the pointer stored at `ptrs[i]` (a `HostBlock`'s slot).
+/// Wrong words are added to `errors[0]` and null blocks to `errors[1]` (two words, zeroed by
+/// the caller).
+#[allow(clippy::too_many_arguments)]
+pub fn host_pattern(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    ptrs: &CudaSlice<u64>,
+    indirect: bool,
+    sizes: &CudaSlice<u64>,
+    tag: u32,
+    check: bool,
+    errors: &mut CudaSlice<u64>,
+) -> Result<()> {
+    let f = gpu.function("toga_host_pattern")?;
+    let n = ptrs.len().min(sizes.len()) as u64;
+    let (indirect, check) = (indirect as u32, check as u32);
+    // SAFETY: `ptrs` and `sizes` hold `n` words, `errors` two.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(ptrs)
+            .arg(&indirect)
+            .arg(sizes)
+            .arg(&n)
+            .arg(&tag)
+            .arg(&check)
+            .arg(errors)
+            .launch(launch_config(n))?;
+    }
+    Ok(())
+}
+
 /// GPU time of the work `f` enqueues on `stream`, by CUDA events, in milliseconds.
 pub fn time_ms(stream: &Arc<CudaStream>, f: impl FnOnce() -> Result<()>) -> Result<f32> {
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);

@@ -16,9 +16,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
-use toga::{Gpu, Heap, HeapStats, HostBlock, launch_config};
-use toga_harness::{Workloads, uniform_sizes};
+use cudarc::driver::{CudaSlice, CudaStream};
+use toga::{Gpu, Heap, HeapStats, HostBlock};
+use toga_harness::{Workloads, host_pattern, uniform_sizes};
 
 use crate::cli::{Common, MAX_THREADS};
 
@@ -74,43 +74,12 @@ struct Lane {
     errors: CudaSlice<u64>,
 }
 
-/// `toga_host_pattern`: fill or check `n` blocks (`indirect`: `ptrs` are slot addresses).
-#[allow(clippy::too_many_arguments)]
-fn pattern(
-    f: &CudaFunction,
-    stream: &Arc<CudaStream>,
-    ptrs: &CudaSlice<u64>,
-    indirect: bool,
-    sizes: &CudaSlice<u64>,
-    tag: u32,
-    check: bool,
-    errors: &mut CudaSlice<u64>,
-) -> toga::Result<()> {
-    let n = ptrs.len().min(sizes.len()) as u64;
-    let (indirect, check) = (indirect as u32, check as u32);
-    // SAFETY: `ptrs` and `sizes` hold `n` words, `errors` two.
-    unsafe {
-        stream
-            .launch_builder(f)
-            .arg(ptrs)
-            .arg(&indirect)
-            .arg(sizes)
-            .arg(&n)
-            .arg(&tag)
-            .arg(&check)
-            .arg(errors)
-            .launch(launch_config(n))?;
-    }
-    Ok(())
-}
-
 /// Run the rounds; `Ok(true)` when every one verified.
 pub fn run(gpu: &Gpu, args: &MixArgs) -> toga::Result<bool> {
     let creator = gpu.default_stream();
     let heap = Heap::new(gpu, &creator, args.heap_size)?;
     creator.synchronize()?;
     let w = Workloads::new(gpu)?;
-    let fill = gpu.function("toga_host_pattern")?;
     let streams: Vec<_> = (0..args.streams)
         .map(|_| gpu.new_stream())
         .collect::<Result<_, _>>()?;
@@ -157,8 +126,8 @@ pub fn run(gpu: &Gpu, args: &MixArgs) -> toga::Result<bool> {
                 stream.clone_htod(&singles.iter().map(HostBlock::slot).collect::<Vec<_>>())?;
             let single_sizes = stream.clone_htod(&single_bytes)?;
             let mut errors = stream.alloc_zeros::<u64>(2)?;
-            pattern(
-                &fill,
+            host_pattern(
+                gpu,
                 stream,
                 &host_ptrs,
                 false,
@@ -167,8 +136,8 @@ pub fn run(gpu: &Gpu, args: &MixArgs) -> toga::Result<bool> {
                 false,
                 &mut errors,
             )?;
-            pattern(
-                &fill,
+            host_pattern(
+                gpu,
                 stream,
                 &single_slots,
                 true,
@@ -194,8 +163,8 @@ pub fn run(gpu: &Gpu, args: &MixArgs) -> toga::Result<bool> {
         for (k, lane) in lanes.iter_mut().enumerate() {
             let tag = round * 64 + k as u32;
             let s = &lane.stream;
-            pattern(
-                &fill,
+            host_pattern(
+                gpu,
                 s,
                 &lane.host_ptrs,
                 false,
@@ -204,8 +173,8 @@ pub fn run(gpu: &Gpu, args: &MixArgs) -> toga::Result<bool> {
                 true,
                 &mut lane.errors,
             )?;
-            pattern(
-                &fill,
+            host_pattern(
+                gpu,
                 s,
                 &lane.single_slots,
                 true,

@@ -21,3 +21,21 @@ pub fn gpu() -> Gpu {
         )
     })
 }
+
+/// [`toga_harness::host_pattern`] with its own error words, read back: (wrong words, null
+/// blocks).
+pub fn host_pattern(
+    gpu: &Gpu,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ptrs: &cudarc::driver::CudaSlice<u64>,
+    indirect: bool,
+    sizes: &cudarc::driver::CudaSlice<u64>,
+    tag: u32,
+    check: bool,
+) -> [u64; 2] {
+    let mut errors = stream.alloc_zeros::<u64>(2).unwrap();
+    toga_harness::host_pattern(gpu, stream, ptrs, indirect, sizes, tag, check, &mut errors)
+        .unwrap();
+    let e = stream.clone_dtoh(&errors).unwrap();
+    [e[0], e[1]]
+}
