@@ -115,8 +115,8 @@ pub enum Take {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Takes {
     /// Items `first..first + n` of the run at `base` are ours (`1 <= n <= k`). `stock`: our
-    /// add crossed the end of the run, so this lane stocks the next run (UAlloc's groups take
-    /// all `k` items from it and free these `n`).
+    /// add crossed the end of the run, so this lane stocks the next run (UAlloc's groups keep
+    /// these `n` for their first lanes and take the other `k - n` from it).
     Items {
         base: u64,
         first: u32,
