@@ -477,10 +477,12 @@ impl<S: ChunkSource> UAlloc<'_, S> {
                 if done[j] || a.is_multiple_of(PAGE_SIZE) || chunk_base(a) != chunk.base() {
                     continue;
                 }
+                // `i` was checked against the runs above; a second look at a run's word could
+                // find a swap begun since, and leave `i` out of the group and unanswered.
                 if let Some(m) = locate_as(chunk, a, kind, true)
                     && m.class == class
                     && word_key(m.bin, m.slot) == key
-                    && m.not_held(arena)
+                    && (j == i || m.not_held(arena))
                 {
                     members[k] = (j, m.slot);
                     k += 1;
