@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use toga::{Gpu, Heap, HeapStats};
 use toga_harness::{Workloads, block_bytes, time_ms, uniform_sizes};
 
@@ -88,6 +88,48 @@ fn fill(w: &Workloads, stream: &Arc<CudaStream>, heap: &Heap, sizes: &[u32], tag
     }
 }
 
+/// Where a quiescent heap's memory is (`toga_heap_census`, one thread), printed with `what`.
+fn census(gpu: &Gpu, stream: &Arc<CudaStream>, heap: &Heap, what: &str) {
+    let f = gpu.function("toga_heap_census").unwrap();
+    let mut out = stream.alloc_zeros::<u64>(24).unwrap();
+    let base = heap.base();
+    // SAFETY: the heap is quiescent and `out` holds a `HeapCensus` (24 words).
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&base)
+            .arg(&mut out)
+            .launch(LaunchConfig::for_num_elems(1))
+            .unwrap();
+    }
+    let c = stream.clone_dtoh(&out).unwrap();
+    let s = heap.stats(stream).unwrap();
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "census {what}: tree free {:.1} MB, {} chunks ({:.1} MB, {} free bins), {} large blocks \
+         ({:.1} MB), stashed {:.1} MB; reserved {:.1} MB, used {:.1} MB; bins: {} carved, {} empty \
+         ({} listed), {} of runs; {} free slots, {} semaphore units; chunks by carved bins: small {:?}, \
+         large {:?}",
+        mb(c[0]),
+        c[1],
+        mb(c[1] << 19),
+        c[2],
+        c[3],
+        mb(c[4]),
+        mb(c[5]),
+        mb(s.reserved_bytes),
+        mb(s.used_bytes),
+        c[6],
+        c[7],
+        c[8],
+        c[9],
+        c[10],
+        c[11],
+        &c[12..18],
+        &c[18..24]
+    );
+}
+
 /// Check every block's pattern and free it; panics on a wrong word.
 fn check_and_free(
     w: &Workloads,
@@ -137,6 +179,9 @@ fn a_growable_heap_at_its_maximum_serves_what_a_fixed_heap_does() {
         // The fixed heap of the maximum's size.
         let fixed = Heap::new(&gpu, &stream, max).unwrap();
         let f = fill(&w, &stream, &fixed, &sizes, 1);
+        if run == 0 {
+            census(&gpu, &stream, &fixed, "fixed after the fill");
+        }
         let fs = fixed.stats(&stream).unwrap();
         assert_counts(&fs, &f, &sizes);
         println!(
@@ -164,6 +209,11 @@ fn a_growable_heap_at_its_maximum_serves_what_a_fixed_heap_does() {
             );
             move || fill(&w, &stream, &heap, &sizes, 2)
         });
+        if run == 0 {
+            census(&gpu, &stream, &heap, "growable after the fill");
+            heap.trim(&stream).unwrap();
+            census(&gpu, &stream, &heap, "growable after a trim");
+        }
         let s = heap.stats(&stream).unwrap();
         println!(
             "at-max run {run}: growable served {:.1}%, {s:?}",
@@ -184,6 +234,25 @@ fn a_growable_heap_at_its_maximum_serves_what_a_fixed_heap_does() {
         times.1.push(g.ms);
         served.1.push((g.served_blocks, g.served_requested));
         let heap = Arc::try_unwrap(heap).unwrap_or_else(|_| panic!("the fill's thread is done"));
+        heap.destroy(&stream).unwrap();
+    }
+    // Diagnostic: the same fill on a growable heap grown to its maximum by the host first.
+    {
+        let heap = Heap::growable()
+            .initial_bytes(8 * MIB)
+            .max_bytes(max)
+            .create(&gpu, &stream)
+            .unwrap();
+        heap.grow(&stream, max - 8 * MIB).unwrap();
+        let g = fill(&w, &stream, &heap, &sizes, 3);
+        census(&gpu, &stream, &heap, "growable grown first, after the fill");
+        println!(
+            "at-max: growable grown by the host first: served {:.1}%, {:.3} ms, {:?}",
+            g.served_blocks as f64 * 100.0 / max as f64,
+            g.ms,
+            heap.stats(&stream).unwrap()
+        );
+        check_and_free(&w, &stream, &heap, &g, &sizes, 3);
         heap.destroy(&stream).unwrap();
     }
     let median = |v: &mut Vec<f32>| {

@@ -137,3 +137,16 @@ pub unsafe extern "ptx-kernel" fn toga_heap_collect(base: *mut u8) {
         unsafe { DeviceHeap::from_base(base) }.collect_growth();
     }
 }
+
+/// Where a quiescent heap's memory is (`DeviceHeap::census`), written to `out` (one thread; a
+/// diagnostic for tests).
+///
+/// # Safety
+/// `base` is an initialized heap nothing else uses meanwhile; `out` is a `HeapCensus`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn toga_heap_census(base: *mut u8, out: *mut heap::HeapCensus) {
+    if platform::global_thread_id() == 0 {
+        // SAFETY: kernel contract.
+        unsafe { *out = DeviceHeap::from_base(base).census() };
+    }
+}

@@ -308,6 +308,32 @@ impl Geometry {
     }
 }
 
+/// Where a quiescent heap's memory is ([`DeviceHeap::census`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapCensus {
+    /// Bytes free in the buddy tree.
+    pub tree_free_bytes: u64,
+    /// UAlloc's chunks, and how many of their bins are free (not carved).
+    pub chunks: u64,
+    pub chunk_free_bins: u64,
+    /// Live large blocks and their bytes (the large-block table).
+    pub large_blocks: u64,
+    pub large_bytes: u64,
+    /// Bytes of the blocks in the stashes.
+    pub stashed_bytes: u64,
+    /// Carved bins; those with no slot taken, and of those the listed ones; those carved for
+    /// runs of slots; the free slots of carved bins; the units of the arenas' slot semaphores.
+    pub carved_bins: u64,
+    pub empty_bins: u64,
+    pub empty_listed_bins: u64,
+    pub run_bins: u64,
+    pub free_slots: u64,
+    pub slot_units: u64,
+    /// Chunks by kind (small, large) and carved bins (0, 1, 2, 3, 4, 5 or more).
+    pub chunks_by_carved: [[u64; 6]; 2],
+}
+
 /// A large-block table entry whose block was freed (INV(HP1)): a free that finds it is a
 /// double free, one that finds 0 the free of a pointer `malloc` never handed out.
 const FREED_LARGE: u32 = u32::MAX;
@@ -446,17 +472,11 @@ impl ChunkSource for HeapChunks<'_> {
     }
 
     /// Free pages in chunks (one load; fragmentation may make fewer whole chunks available).
-    /// A growable heap that may still grow counts the pages it has not mapped yet too, up to
-    /// its maximum (`alloc_chunk` maps more rather than answer null): it plans as a fixed heap
-    /// of its maximum does (INV(HP8)).
+    /// A growable heap counts its mapped pages only (INV(HP8)): while its tree runs dry and
+    /// waits for growth, UAlloc's refills plan as in a fixed heap running out, one chunk of a
+    /// kind at a time at the class's home, instead of each arena adopting chunks of its own.
     fn chunks_left(&self) -> usize {
-        let h = self.header;
-        let buddy = self.heap().buddy();
-        let mut pages = buddy.free_pages();
-        if h.geometry.mailbox != 0 && h.grow_denied.0.load_relaxed() == 0 {
-            pages += h.geometry.pages.saturating_sub(buddy.usable_pages());
-        }
-        (pages >> CHUNK_ORDER) as usize
+        (self.heap().buddy().free_pages() >> CHUNK_ORDER) as usize
     }
 
     /// The blocks of the SMs' runs that nobody took go back to the tree (INV(TB14)). The
@@ -837,6 +857,76 @@ impl<'a> DeviceHeap<'a> {
         grown
     }
 
+    /// Where a quiescent heap's memory is (one thread; nothing else runs on the heap): a
+    /// diagnostic for tests and `toga_heap_census`, which reads every chunk header and every
+    /// page's large-table word.
+    pub fn census(&self) -> HeapCensus {
+        let mut c = HeapCensus {
+            tree_free_bytes: self.buddy().available_pages() << PAGE_SHIFT,
+            ..HeapCensus::default()
+        };
+        let pages = self.large.len();
+        let mut page = 0;
+        while page < pages {
+            let p = self.data.wrapping_add(page << PAGE_SHIFT);
+            if !self.is_mapped(p) {
+                page += 1 << (self.granule_shift.max(PAGE_SHIFT) - PAGE_SHIFT);
+                continue;
+            }
+            match self.large[page].load_relaxed() {
+                0 | FREED_LARGE => {}
+                order => {
+                    c.large_bytes += (PAGE_SIZE as u64) << (order - 1);
+                    c.large_blocks += 1;
+                }
+            }
+            if page.is_multiple_of(1 << CHUNK_ORDER) {
+                // SAFETY: a mapped page of the data region; a chunk header is read only where
+                // its magic says UAlloc owns the chunk.
+                let h = unsafe { &*(p as *const crate::ualloc::chunk::ChunkHeader) };
+                if h.magic.load_relaxed() == crate::ualloc::chunk::magic_of(p as usize) {
+                    c.chunks += 1;
+                    c.chunk_free_bins += h.n_free.load_relaxed() as u64;
+                    let per = crate::ualloc::chunk::bins_per_chunk(h.kind()) as usize;
+                    let carved = per - h.n_free.load_relaxed() as usize;
+                    c.chunks_by_carved[h.kind().index()][carved.min(5)] += 1;
+                    for b in 0..per {
+                        if h.is_bin_free(b) {
+                            continue;
+                        }
+                        let bin = h.bin(b);
+                        let (class, owner) = bin.look(true);
+                        let Some(class) = class else { continue };
+                        let used = bin.used_count();
+                        c.carved_bins += 1;
+                        if used == 0 {
+                            c.empty_bins += 1;
+                            if bin.listed.load_relaxed() != 0 {
+                                c.empty_listed_bins += 1;
+                            }
+                        }
+                        if owner & crate::ualloc::bin::RUN_BIN != 0 {
+                            c.run_bins += 1;
+                        }
+                        if used != u32::MAX {
+                            c.free_slots += (class.slots() - used.min(class.slots())) as u64;
+                        }
+                    }
+                }
+            }
+            page += 1;
+        }
+        for order in STASH_ORDERS {
+            c.stashed_bytes += self.stash(order).len() << (order + PAGE_SHIFT);
+        }
+        for arena in self.arenas {
+            for class in SizeClass::ALL {
+                c.slot_units += arena.class(class).slots.0.available() as u64;
+            }
+        }
+        c
+    }
+
     /// Whether `init_finish` has run.
     pub fn is_initialized(&self) -> bool {
         self.header.magic.load_acquire() == HEAP_MAGIC
@@ -1016,22 +1106,41 @@ impl<'a> DeviceHeap<'a> {
         }
         let buddy = self.buddy();
         let mut offset = buddy.alloc_together(&rest, order);
-        // Out of pages: empty bins and chunks that UAlloc still holds may be what is missing
-        // (INV(UA4)); give them back and try again, as a small refill does (always once after
-        // a trim, more often while trims still find something).
-        let mut retries = 0;
-        while offset.is_none() && retries < OOM_RETRIES {
-            if self.trim() == 0 && retries > 0 {
-                break;
-            }
-            retries += 1;
-            offset = buddy.alloc(order);
+        if offset.is_none() {
+            offset = self.alloc_after_trims(order);
         }
         // A growable heap asks the host for more before it gives up.
         while offset.is_none() && self.grow_on_demand((PAGE_SIZE as u64) << order) {
             offset = buddy.alloc(order);
         }
+        // INV(HP9): a growable heap that cannot grow (any more). While this lane waited for
+        // the host, other SMs may have stocked runs from the memory the growths brought,
+        // after this lane's trims: a last round of trims gives those blocks back before the
+        // lane answers null, as a fixed heap's lane out of memory does.
+        if offset.is_none() && self.header.geometry.mailbox != 0 {
+            offset = self.alloc_after_trims(order);
+        }
         offset
+    }
+
+    /// Out of pages: empty bins and chunks that UAlloc still holds, the runs' blocks and the
+    /// stashes may be what is missing (INV(UA4), INV(TB14)); give them back and try again, as
+    /// a small refill does (always once after a trim, more often while trims still find
+    /// something).
+    #[cold]
+    fn alloc_after_trims(&self, order: u32) -> Option<u64> {
+        let buddy = self.buddy();
+        let mut retries = 0;
+        while retries < OOM_RETRIES {
+            if self.trim() == 0 && retries > 0 {
+                break;
+            }
+            retries += 1;
+            if let Some(offset) = buddy.alloc(order) {
+                return Some(offset);
+            }
+        }
+        None
     }
 
     /// A block of `order` (in `RUN_ORDERS`) for a lone lane, counted as reserved already:
