@@ -72,6 +72,8 @@ pub const STASHES: usize = (STASH_ORDERS.end - STASH_ORDERS.start) as usize;
 const _: () = assert!(MAX_SMALL_SIZE as u64 <= MIN_HEAP_BYTES);
 /// The largest heap: the buddy tree's levels bound it (see `tbuddy::MAX_LEVELS`).
 pub const MAX_HEAP_BYTES: u64 = (PAGE_SIZE as u64) << (crate::tbuddy::MAX_LEVELS - 1);
+// UAlloc's arenas are laid out for a source of at most this size.
+const _: () = assert!(MAX_HEAP_BYTES <= crate::ualloc::layout::MAX_SOURCE_BYTES);
 
 /// Index of each counter in a [`StatsShard`].
 pub mod stat {

@@ -7,30 +7,11 @@ use crate::collective::Group;
 use crate::platform::{self, Backoff};
 use crate::rcu::SrcuReader;
 use crate::size_class::{BinKind, MAX_SMALL_SIZE, SizeClass};
-use crate::ualloc::arena::{Arena, BinList, bin_at};
-use crate::ualloc::bin::{BinHeader, Claim};
-use crate::ualloc::chunk::chunk_base;
-use crate::ualloc::layout::{
-    BIN_HEADER_SIZE, PAGE_SHIFT, SMALL_RESERVED_PAGES, WORD_BITS, tail_offset,
-};
+use crate::ualloc::arena::{Arena, drain_pending, resync_listing};
+use crate::ualloc::bin::{Claim, bin_at};
+use crate::ualloc::layout::{WORD_BITS, slot_ptr};
 use crate::ualloc::run::{CROSSED, crossed_slot, run_pos_slot};
 use crate::ualloc::{CLASS_GROUP_TAG, ChunkSource, SCAN_LIMIT, UAlloc};
-
-/// The address of slot `slot` of the bin whose header is at `bin`.
-#[inline(always)]
-pub(crate) fn slot_ptr(bin: u64, class: SizeClass, slot: u32) -> *mut u8 {
-    let bin = bin as usize;
-    let i = slot as usize;
-    let addr = match class.kind() {
-        BinKind::Small if slot >= class.main_slots() => {
-            let chunk = chunk_base(bin);
-            let index = ((bin - chunk) >> PAGE_SHIFT) - SMALL_RESERVED_PAGES;
-            chunk + tail_offset(index) + ((i - class.main_slots() as usize) << class.shift())
-        }
-        _ => bin + BIN_HEADER_SIZE + (i << class.shift()),
-    };
-    addr as *mut u8
-}
 
 /// Where a group's slots are, as its leader found them: one word, broadcast to the lanes.
 /// - 0: nowhere (out of memory; each lane looks for a slot elsewhere, `steal_slot`);
@@ -68,116 +49,6 @@ fn nth_set_bit(bits: u64, n: u32) -> u32 {
     } else {
         32 + platform::nth_set_bit_u32((bits >> 32) as u32, n - below)
     }
-}
-
-/// Reconcile `bin`'s list membership with its `used` word under the class list's mutex:
-/// listed iff carved, not retired and not full (INV(UA7) at the moment of the call). Waits for
-/// the mutex: a claim that fills a bin, a new bin, a retirement, and a bin in another arena's
-/// chunk that gets a free slot. `free` does not call it (`note_not_full`). Idempotent, so
-/// racing transitions settle on the last one.
-#[cold]
-#[inline(never)]
-pub(crate) fn sync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
-    let list = &arena.class(class).list.0;
-    list.lock.lock_single();
-    reconcile_locked(list, class, bin);
-    list.lock.unlock();
-}
-
-/// [`sync_listing`] for a claimer inside its read section. In a class of small bins (16 B –
-/// 128 B) it does not wait for the mutex: if another thread holds it, the bin is noted on the
-/// list's pending stack instead (INV(UA13)), for the next drain to reconcile; a claimer that
-/// got the mutex drains the stack after it unlocks (one hold per batch, as a walker's drain).
-/// A full bin stays listed until then: walkers pass it as they pass a bin that filled after
-/// they read its link. At 2^18 threads × 64 rounds of malloc and free of 16–256 B, claimers
-/// that filled bins queued for the mutex one by one; without the wait the churn was 36% faster
-/// (H200). Large bins (256 B – 4 KB) wait for the mutex as before: a fresh fill of mixed 16 B –
-/// 4 KB was 3–9% slower when they did not.
-#[cold]
-#[inline(never)]
-pub(crate) fn resync_listing(arena: &Arena, class: SizeClass, bin: &BinHeader) {
-    if class.kind() == BinKind::Large {
-        sync_listing(arena, class, bin);
-        return;
-    }
-    let list = &arena.class(class).list.0;
-    if !list.lock.try_acquire(1) {
-        list.pending.note(bin);
-        return;
-    }
-    reconcile_locked(list, class, bin);
-    list.lock.unlock();
-    drain_pending(arena, class);
-}
-
-/// List `bin` iff it has a free slot and is not retired (INV(UA7)), under the list's mutex.
-#[inline(always)]
-fn reconcile_locked(list: &BinList, class: SizeClass, bin: &BinHeader) {
-    // Relaxed: the mutex orders this load after the transition of every earlier caller, and
-    // our own transition is before it in program order. Retired counts as full.
-    let want = bin.used_count() < class.slots();
-    let listed = bin.listed.load_relaxed() != 0;
-    if want && !listed {
-        list.push_locked(bin);
-    } else if !want && listed {
-        list.unlink_locked(bin);
-    }
-}
-
-/// After a crossing of "full" downwards: `bin` (of `class`, carved by `arena`; the caller is
-/// inside `arena`'s read section) has a free slot again and may be unlisted. INV(UA7): it must
-/// be listed before a walker needs its slots, but `free` does not wait for the list's mutex:
-/// it notes the bin on the list's pending stack (one `fetch_add`, and one `swap` for the first
-/// crossing), which the next walker that finds nothing, or `trim`, drains ([`drain_pending`]).
-#[inline(always)]
-pub(crate) fn note_not_full(arena: &Arena, class: SizeClass, bin: &BinHeader) {
-    arena.class(class).list.0.pending.note(bin);
-}
-
-/// Link the bins noted on `class`'s pending stack in `arena` that have free slots (INV(UA7)).
-/// Returns whether there were any.
-///
-/// Per batch: one hold of the list's mutex (claimers that fill a bin get in between batches),
-/// the bins to link chained in front of the list head and published with ONE release store,
-/// and a noted bin that is listed but full again (rare) unlinked after that.
-#[cold]
-#[inline(never)]
-pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
-    let list = &arena.class(class).list.0;
-    if list.pending.is_empty_hint() {
-        return false;
-    }
-    let taken = list.pending.drain(|bins| {
-        list.lock.lock_single();
-        let first = list.head.load_relaxed();
-        let mut head = first;
-        let mut full = 0u64;
-        for (i, &at) in bins.iter().enumerate() {
-            // SAFETY: pinned by the drain (INV(UA13)).
-            let bin = unsafe { bin_at(at) };
-            // Relaxed: the drain's fence orders these loads after the crossings it settles,
-            // and the mutex after every other listing change.
-            let want = bin.used_count() < class.slots();
-            let listed = bin.listed.load_relaxed() != 0;
-            if want && !listed {
-                head = list.chain_locked(bin, head);
-            } else if !want && listed {
-                full |= 1 << i;
-            }
-        }
-        if head != first {
-            // Release: pairs with the acquire load of `head` in `ListClaimer` (the chained bins
-            // and their links are visible to a reader that sees the new head).
-            list.head.store_release(head);
-        }
-        while full != 0 {
-            // SAFETY: as above.
-            list.unlink_locked(unsafe { bin_at(bins[full.trailing_zeros() as usize]) });
-            full &= full - 1;
-        }
-        list.lock.unlock();
-    });
-    taken > 0
 }
 
 /// Walks a class's bin list and claims slots, for a leader (or a lone lane) that holds slot

@@ -720,3 +720,13 @@ mod tests {
         assert_eq!(b.class(), None);
     }
 }
+
+/// The bin at address `addr` (non-zero, a bin header of a live chunk).
+///
+/// # Safety
+/// `addr` is the header address of a bin in a chunk UAlloc owns, readable for `'a`.
+#[inline(always)]
+pub(crate) unsafe fn bin_at<'a>(addr: u64) -> &'a BinHeader {
+    // SAFETY: caller; headers are only accessed atomically.
+    unsafe { &*(addr as usize as *const BinHeader) }
+}

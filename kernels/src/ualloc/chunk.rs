@@ -335,3 +335,13 @@ mod tests {
         assert_eq!(free, 124 - 2 - 4 - 20 - 3 - 24);
     }
 }
+
+/// The chunk header at address `addr` (non-zero, a live chunk).
+///
+/// # Safety
+/// `addr` is a chunk UAlloc owns.
+#[inline(always)]
+pub(crate) unsafe fn chunk_at<'a>(addr: u64) -> &'a ChunkHeader {
+    // SAFETY: caller.
+    unsafe { ChunkHeader::at(addr as usize) }
+}

@@ -19,8 +19,7 @@
 use crate::collective::Group;
 use crate::platform;
 use crate::size_class::{BinKind, SizeClass};
-use crate::ualloc::alloc::note_not_full;
-use crate::ualloc::arena::Arena;
+use crate::ualloc::arena::{Arena, note_not_full};
 use crate::ualloc::bin::{BinHeader, RUN_BIN};
 use crate::ualloc::chunk::{ChunkHeader, chunk_base};
 use crate::ualloc::layout::{PAGE_SIZE, SlotArea, WORD_BITS, area_of};

@@ -36,6 +36,8 @@
 //! Large: data starts at 256, bins are multiples of 256 long, slots start 128 past a bin start,
 //! and every large class is a multiple of 256: every slot offset is `128 mod 256`.
 
+use crate::size_class::{BinKind, SizeClass};
+
 /// log2 of a page (TBuddy's smallest block, and the free-routing test `p % PAGE_SIZE`).
 pub const PAGE_SHIFT: u32 = 12;
 /// A page: 4 KB.
@@ -44,6 +46,9 @@ pub const PAGE_SIZE: usize = 1 << PAGE_SHIFT;
 pub const CHUNK_SHIFT: u32 = 19;
 /// A chunk: 512 KB, the unit UAlloc takes from its [`ChunkSource`](super::ChunkSource).
 pub const CHUNK_SIZE: usize = 1 << CHUNK_SHIFT;
+/// The largest chunk source UAlloc is laid out for (the arenas' semaphores hold a class's free
+/// slots of this many bytes of chunks, INV(SEM2)); the heap checks that its largest fits.
+pub const MAX_SOURCE_BYTES: u64 = 32 << 30;
 /// Pages in a chunk.
 pub const PAGES_PER_CHUNK: usize = CHUNK_SIZE / PAGE_SIZE;
 /// log2 of the metadata block: headers and tails are 128 B, one L2 line.
@@ -174,4 +179,20 @@ pub const fn area_of(small: bool, off: usize) -> Option<(usize, SlotArea)> {
         }
         Some((bin, SlotArea::Body(in_bin - BIN_HEADER_SIZE)))
     }
+}
+
+/// The address of slot `slot` of the bin whose header is at `bin`.
+#[inline(always)]
+pub(crate) fn slot_ptr(bin: u64, class: SizeClass, slot: u32) -> *mut u8 {
+    let bin = bin as usize;
+    let i = slot as usize;
+    let addr = match class.kind() {
+        BinKind::Small if slot >= class.main_slots() => {
+            let chunk = bin & !(CHUNK_SIZE - 1);
+            let index = ((bin - chunk) >> PAGE_SHIFT) - SMALL_RESERVED_PAGES;
+            chunk + tail_offset(index) + ((i - class.main_slots() as usize) << class.shift())
+        }
+        _ => bin + BIN_HEADER_SIZE + (i << class.shift()),
+    };
+    addr as *mut u8
 }

@@ -220,7 +220,7 @@ impl<'a, S: ChunkSource> UAlloc<'a, S> {
             let bin_addr = head as usize - core::mem::offset_of!(bin::BinHeader, rcu);
             // SAFETY: INV(RCU4): a bin's head was queued by `trim` after the bin was retired
             // and unlinked; its chunk is live until the bin is back in it.
-            let bin = unsafe { arena::bin_at(bin_addr as u64) };
+            let bin = unsafe { bin::bin_at(bin_addr as u64) };
             if !self.unpinned(bin) {
                 // INV(UA13): a drain holds it. Ask again after another grace period (the
                 // drain finishes meanwhile; this owner runs again because the queue is not
@@ -245,7 +245,7 @@ impl<S: ChunkSource> UAlloc<'_, S> {
             return true;
         }
         if let Some(class) = bin.class() {
-            alloc::drain_pending(&self.arenas[bin.owner() as usize], class);
+            arena::drain_pending(&self.arenas[bin.owner() as usize], class);
         }
         bin.pending_count() == 0
     }

@@ -27,8 +27,7 @@
 //! [`BinList`]: super::arena
 
 use crate::platform::{self, Atomic64, Backoff};
-use crate::ualloc::arena::bin_at;
-use crate::ualloc::bin::BinHeader;
+use crate::ualloc::bin::{BinHeader, bin_at};
 
 /// Bins a drain settles per batch (its fences are per batch; the addresses live on the
 /// drainer's stack frame).

@@ -1,15 +1,14 @@
 //! The slow paths: a new bin for a class (`alloc_slow`), bins from the arena's chunks
 //! (`take_bins`, collective), new chunks (`adopt_chunk`), and the way back (`return_bin`).
 
-use crate::bulk_semaphore::Wait;
+use crate::bulk_semaphore::{Fields, PerSm, Wait};
 use crate::collective::Group;
 use crate::platform::{self, Backoff};
-use crate::size_class::{BinKind, SizeClass};
-use crate::ualloc::alloc::{drain_pending, sync_listing};
-use crate::ualloc::arena::{Arena, ChunkList, KindState, bin_at, chunk_at};
-use crate::ualloc::bin::BinHeader;
-use crate::ualloc::chunk::{ChunkHeader, bin_offset, bins_per_chunk, chunk_base};
-use crate::ualloc::layout::CHUNK_SIZE;
+use crate::size_class::{BinKind, NUM_CLASSES, SizeClass};
+use crate::ualloc::arena::{Arena, ChunkList, KindState, drain_pending, sync_listing};
+use crate::ualloc::bin::{BinHeader, bin_at};
+use crate::ualloc::chunk::{ChunkHeader, bin_offset, bins_per_chunk, chunk_at, chunk_base};
+use crate::ualloc::layout::{CHUNK_SIZE, LARGE_BINS, MAX_SOURCE_BYTES, SMALL_BINS};
 use crate::ualloc::{ChunkSource, KIND_GROUP_TAG, UAlloc};
 
 /// How often a refill that found no chunk runs [`UAlloc::trim`] and tries again before it
@@ -78,6 +77,43 @@ const RUN_SHARED_BELOW_CHUNKS_PER_ARENA: usize = 64;
 /// for a moment, and every thread of an SM may do so at once: 2,048 + 510 + 2,048 × 509 is
 /// below E's 2^20 (INV(SEM2), asserted in `arena.rs`). A 256 B refill's five bins hold 2,040.
 pub(crate) const MAX_REFILL_BATCH: u32 = 510;
+
+// INV(SEM2) for the arena semaphores (layout `PerSm`). C: a class's free slots in one arena
+// are at most the slots of the largest heap with every chunk carved into that class's bins,
+// and a kind's free bins at most its bins. E: a batch is one bin's slots (or one chunk's
+// bins), or a refill's promise of at most `MAX_REFILL_BATCH` slots, and every thread of an
+// SM may wait at once (2,048 on sm_70–sm_90).
+const _: () = {
+    let chunks = MAX_SOURCE_BYTES / CHUNK_SIZE as u64;
+    let max_c = Fields::<PerSm>::MAX_AVAILABLE as u64;
+    let mut i = 0;
+    let mut batch = SMALL_BINS as u64;
+    if (MAX_REFILL_BATCH as u64) > batch {
+        batch = MAX_REFILL_BATCH as u64;
+    }
+    while i < NUM_CLASSES {
+        let slots = SizeClass::ALL[i].slots() as u64;
+        let bins = match SizeClass::ALL[i].kind() {
+            BinKind::Small => SMALL_BINS,
+            BinKind::Large => LARGE_BINS,
+        } as u64;
+        assert!(
+            chunks * bins * slots <= max_c,
+            "an arena's free slots overflow C"
+        );
+        if slots > batch {
+            batch = slots;
+        }
+        i += 1;
+    }
+    assert!(chunks * SMALL_BINS as u64 <= max_c);
+    const THREADS_PER_SM: u64 = 2048;
+    assert!(THREADS_PER_SM <= Fields::<PerSm>::MAX_RESERVED as u64);
+    assert!(
+        THREADS_PER_SM + batch + THREADS_PER_SM * (batch - 1)
+            <= Fields::<PerSm>::MAX_EXPECTED as u64
+    );
+};
 
 /// Steps a trim takes along one bin list before it stops (a list that bins keep rejoining
 /// under it could otherwise be walked forever); far more bins than an arena's class holds.

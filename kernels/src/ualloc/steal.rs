@@ -49,10 +49,12 @@ use core::ptr;
 use crate::bulk_semaphore::Shared;
 use crate::platform::Atomic32;
 use crate::size_class::{BinKind, SizeClass};
-use crate::ualloc::alloc::{ListClaimer, slot_ptr, units_at};
-use crate::ualloc::arena::{Arena, bin_at};
+use crate::ualloc::alloc::{ListClaimer, units_at};
+use crate::ualloc::arena::Arena;
+use crate::ualloc::bin::bin_at;
 use crate::ualloc::chunk::bin_offset;
 use crate::ualloc::layout::WORD_BITS;
+use crate::ualloc::layout::slot_ptr;
 use crate::ualloc::refill::nth_free_bin;
 use crate::ualloc::{ChunkSource, UAlloc};
 

@@ -2,9 +2,10 @@
 //! steps). Walks every chunk, bin and list and checks the UA/RCU invariants.
 
 use crate::size_class::{BinKind, NUM_CLASSES, SizeClass};
-use crate::ualloc::arena::{bin_at, chunk_at};
 use crate::ualloc::bin::USED_COUNT_MASK;
+use crate::ualloc::bin::bin_at;
 use crate::ualloc::chunk::bins_per_chunk;
+use crate::ualloc::chunk::chunk_at;
 use crate::ualloc::layout::WORD_BITS;
 use crate::ualloc::{ChunkSource, UAlloc};
 
