@@ -25,9 +25,9 @@ const MAX_REGISTERS: u32 = REGISTERS_PER_BLOCK / USER_BLOCK_THREADS;
 
 /// toga's own entries that need not fit [`USER_BLOCK_THREADS`]-thread blocks: those that do not
 /// call the allocator (litmus, layout, smoke) and those toga launches itself with its own block
-/// size (heap init, bind, trim, the whole-heap probe and census). Every other `toga_*` entry calls the
-/// allocator the way a user's kernel does and is checked; the baselines (`cuda_*`, `bump_*`) are
-/// not toga's allocator and are not.
+/// size (heap init, bind, trim, the whole-heap probe and census). Every other `toga_*` entry
+/// calls the allocator the way a user's kernel does and is checked; the baselines (`cuda_*`,
+/// `bump_*`) are not toga's allocator and are not.
 const NOT_USER_KERNELS: &[&str] = &[
     "toga_heap_init_nodes",
     "toga_heap_init_finish",
