@@ -48,7 +48,9 @@ extern __device__ void toga_free(void *p);
 extern __device__ size_t toga_usable_size(void *p);
 
 // Make `heap_base` (toga_heap_base on the host; NULL unbinds) the heap of this program's toga_*
-// calls. Call from one thread; later kernels see it. toga_bind_device_heap does it for you.
+// calls. Call from one thread; kernels launched after this one completed see it. No kernel that
+// calls toga_* may run while it does: they read the bound heap through the read-only data
+// cache, once per call. toga_bind_device_heap does it for you.
 extern __device__ void toga_bind(void *heap_base);
 // The base bound now (NULL: none).
 extern __device__ void *toga_bound_heap(void);

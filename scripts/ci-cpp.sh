@@ -3,8 +3,10 @@
 # NVIDIA's nvcc and CUDA runtime from PyPI (CUDA 13.0, pinned, in a virtual environment of
 # its own), build the C++ bundle, compile and link the example, the stress test, the
 # benchmark and the C API test with the plain nvcc lines of docs/cpp.md, check that every
-# kernel calling toga_malloc fits 64 registers (nvlink -v), run the C API test (its no-GPU
-# checks), and build everything once more through the CMake package (find_package(toga)).
+# kernel calling toga_malloc fits 64 registers (nvlink -v), build the benchmark as one whole
+# program with toga's PTX (examples/cuda-cpp/whole-program, as scripts/gpu-cpp.sh does), run the
+# C API test (its no-GPU checks), and build everything once more through the CMake package
+# (find_package(toga)).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
@@ -33,6 +35,15 @@ for p in example stress bench; do
   echo "$p: $(echo "$regs" | wc -l) kernels, at most $worst registers per thread"
   [ "$worst" -le 64 ] || { echo "a kernel of $p needs more than 64 registers"; exit 1; }
 done
+# The whole-program build of the benchmark that scripts/gpu-cpp.sh times beside it (a
+# measurement of the separate-compilation ABI's cost, docs/cpp.md): it must build, within 64
+# registers.
+examples/cuda-cpp/whole-program/nvcc-whole-program.sh "$nvcc" examples/cuda-cpp/bench.cu \
+  "$bundle/lib/toga_device.ptx" "$build/bench_wp" -I"$bundle/include" "$bundle/lib/libtoga.a" \
+  -ldl -lpthread -lm -lrt 2> "$build/bench_wp.ptxas.txt" || { cat "$build/bench_wp.ptxas.txt"; exit 1; }
+worst=$(grep -o "Used [0-9]* registers" "$build/bench_wp.ptxas.txt" | awk '{print $2}' | sort -n | tail -1)
+echo "bench_wp (whole program): at most $worst registers per thread"
+[ "${worst:-999}" -le 64 ] || { echo "a kernel of bench_wp needs more than 64 registers"; exit 1; }
 # An sm_75 link takes the other architecture of the device library.
 "$nvcc" -std=c++17 -arch=sm_75 -rdc=true -I"$bundle/include" examples/cuda-cpp/example.cu \
   "$bundle/lib/libtoga_device.a" "$bundle/lib/libtoga.a" -ldl -lpthread -lm -lrt -o "$build/example75"
