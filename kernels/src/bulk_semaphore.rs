@@ -50,7 +50,8 @@
 //! `wait` split at the miss: [`wait_fast`](BulkSemaphore::wait_fast) is step 1 alone, and
 //! [`wait_after`](BulkSemaphore::wait_after) the rest, for a caller that handles the miss out of
 //! line. With `look`, a miss that saw no promise (E = 0) gives its `n` back (one add) and looks
-//! elsewhere before it reserves (UAlloc's class homes, INV(UA16)).
+//! elsewhere before it reserves (UAlloc's class homes, INV(UA16)), unless that add shows the
+//! units here after all.
 //!
 //! Out of memory never hangs: a waiter spins only while promised refills cover every
 //! reservation; once a refill is retracted (or none is in flight, `E == 0`) the reservations
@@ -314,9 +315,14 @@ impl<L: Layout> BulkSemaphore<L> {
     /// their own arena to reach the home one after another. A miss while a refill is
     /// promised waits for it, as `wait` does, with the same adds.
     ///
-    /// The look gives the units back first (one more add, whose result nobody waits for), so
-    /// that no transient deduction (INV(SEM3)) stays in C while `elsewhere` runs; then it
-    /// reserves as `wait` does. `elsewhere` must not wait on this semaphore.
+    /// The look gives the units back first (one more add), so that no transient deduction
+    /// (INV(SEM3)) stays in C while `elsewhere` runs; then it reserves as `wait` does. When the
+    /// state that add replaced shows `n` units here after all (a refill landed while our
+    /// deduction hid it), it does not look: it waits here as `wait` would. Otherwise a waiter
+    /// that our deduction made see an uncovered state could refill, fail and give up, while we
+    /// took a unit elsewhere and left this one in C, unclaimed (the loom model
+    /// `a_miss_looks_at_the_home_before_it_reserves`, found at preemption bound 3).
+    /// `elsewhere` must not wait on this semaphore.
     #[inline(always)]
     pub fn wait_after<T>(
         &self,
@@ -332,8 +338,12 @@ impl<L: Layout> BulkSemaphore<L> {
             let old = self.word.fetch_add_relaxed(reserve);
             return Ok(self.spin_reserved(n, batch, old.wrapping_add(reserve)));
         }
-        // INV(SEM3): give the units back.
-        self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
+        // INV(SEM3): give the units back. C in the word this add replaced is at most the real
+        // count less our `n`, so `>= 0` means `n` units are here now: wait for them here.
+        let old = self.word.fetch_add_relaxed(Fields::<L>::c_units(n));
+        if Counters::unpack::<L>(old).c >= 0 {
+            return Ok(self.wait_slow(n, batch));
+        }
         match elsewhere() {
             Some(t) => Err(t),
             None => Ok(self.wait_slow(n, batch)),

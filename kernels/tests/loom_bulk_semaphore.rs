@@ -251,6 +251,11 @@ fn take_shared(p: &Pool<PerSm>, gate: &SingleFlight) -> Shared {
 /// thread waits and refills as usual, with one refill of two units in the budget. No unit goes
 /// out twice or is lost, nothing stays promised or reserved, and a thread reports the heap
 /// exhausted only when a refill really found nothing.
+///
+/// Bound 2 only: from bound 3 loom finds a schedule it cannot end, the waiter (covered by the
+/// gate's promise) and the gate's joiner yielding to each other while the gate's refiller,
+/// preempted inside `signal`, is never scheduled again (loom has no fairness between yielding
+/// threads, tokio-rs/loom#53); `scripts/loom-deep.sh` skips it there.
 #[test]
 fn shared_refills_against_a_waiter() {
     loom::model(|| {
@@ -308,6 +313,12 @@ fn take_or(p: &Pool<PerSm>, home: &Pool<PerSm>) -> bool {
 /// semaphore with one refill of two: the refill's two units and the home's one go out once
 /// each (a look at the home can fail while the other's deduction is in flight, INV(SEM3), and
 /// then three want the refill's two), nothing is lost, and no reservation or promise is left.
+///
+/// At bound 3 this once ended with a unit left in the semaphore and a caller failed: the main
+/// thread's `wait_fast` deduction hid the unit the waiter's refill signalled, so the other
+/// caller saw its reservation uncovered, refilled from an empty budget and gave up, and the
+/// main thread then gave its deduction back and took the home's unit. `wait_after` now waits
+/// here when its give-back shows the units back.
 #[test]
 fn a_miss_looks_at_the_home_before_it_reserves() {
     loom::model(|| {
