@@ -107,7 +107,7 @@ pub enum Source<'a> {
 pub struct Churn {
     /// Threads in the launch.
     pub threads: u64,
-    /// malloc/write/free rounds per thread.
+    /// Rounds per thread, each one `malloc` (and write) and one `free` (and check).
     pub rounds: u32,
     /// Seed of every thread's sizes.
     pub seed: u32,
@@ -413,9 +413,11 @@ impl Workloads {
         }
     }
 
-    /// `churn.threads` threads each do `churn.rounds` × (`malloc` a size in `churn.sizes`,
-    /// write and read back its first and last words, `free`) with the allocator `from`; words
-    /// read back wrong go to `errors[0]`, failed allocations to `errors[1]`.
+    /// `churn.threads` threads each do `churn.rounds` × (`malloc` a size in `churn.sizes` and
+    /// write its first and last words, then check and `free` the block of the round before)
+    /// with the allocator `from`, so each block is checked when it is freed, a round after it
+    /// was written, and a thread holds at most two; words found wrong at `free` go to
+    /// `errors[0]`, failed allocations to `errors[1]`.
     pub fn churn_pairs(
         &self,
         stream: &Arc<CudaStream>,
@@ -748,8 +750,8 @@ impl MallocBench {
 }
 
 /// Bytes of the ring the bump baseline of [`ChurnBench`] hands out (offsets wrap around it): far
-/// more than the threads of one launch hold live at once, so a block is not handed out again
-/// while its owner still reads it, and small enough to keep beside a heap.
+/// more than the threads of one launch hold live at once (two blocks each), so a block is not
+/// handed out again before its owner checks it, and small enough to keep beside a heap.
 pub const BUMP_RING_BYTES: u64 = 256 << 20;
 
 /// GPU time and checks of one churn kernel.
@@ -759,13 +761,13 @@ pub struct ChurnTiming {
     pub ms: f32,
     /// `malloc`s that returned null, in the warm-up round and the timed kernel.
     pub failed: u64,
-    /// Words read back wrong, in the warm-up round and the timed kernel (0 unless blocks
-    /// overlap).
+    /// Words found wrong when their block was freed, in the warm-up round and the timed kernel
+    /// (0 unless blocks overlap).
     pub corrupted: u64,
 }
 
-/// Runs "every thread does `rounds` × (malloc, write, free)" ([`Workloads::churn_pairs`]) for
-/// each allocator.
+/// Runs "every thread does `rounds` × (malloc and write, check and free the block of the round
+/// before)" ([`Workloads::churn_pairs`]) for each allocator.
 pub struct ChurnBench {
     stream: Arc<CudaStream>,
     heap: Heap,

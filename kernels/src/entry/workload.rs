@@ -308,10 +308,65 @@ const BUMP_ALIGN: u64 = 16;
 /// Bytes of a pattern word the `*_churn_pairs` kernels write.
 const CHURN_WORD: usize = size_of::<u32>();
 
+/// A block a `*_churn_pairs` thread holds for one round: its first word (null: none) and the
+/// index of its last. The pattern's tag is the round that `malloc`ed it, which the loop knows.
+#[derive(Clone, Copy)]
+struct Held {
+    words: *mut u32,
+    last: u32,
+}
+
+impl Held {
+    const NONE: Self = Self {
+        words: core::ptr::null_mut(),
+        last: 0,
+    };
+
+    /// Write the block's first and last pattern words for `(owner, round)`.
+    ///
+    /// # Safety
+    /// `words` holds at least `last + 1` words (a live block).
+    #[inline(always)]
+    unsafe fn write(self, owner: u64, round: u32) {
+        let last = self.last as usize;
+        // SAFETY: words 0 and `last` are inside the block (caller).
+        unsafe {
+            self.words.write_volatile(pattern::word(owner, round, 0));
+            self.words
+                .add(last)
+                .write_volatile(pattern::word(owner, round, last));
+        }
+    }
+
+    /// How many of the two words [`write`](Self::write) wrote for `(owner, round)` now differ.
+    ///
+    /// # Safety
+    /// As [`write`](Self::write): the block is still live.
+    #[inline(always)]
+    unsafe fn check(self, owner: u64, round: u32) -> u64 {
+        let last = self.last as usize;
+        // SAFETY: words 0 and `last` are inside the block (caller).
+        let (first_word, last_word) = unsafe {
+            (
+                self.words.read_volatile(),
+                self.words.add(last).read_volatile(),
+            )
+        };
+        (first_word != pattern::word(owner, round, 0)) as u64
+            + (last_word != pattern::word(owner, round, last)) as u64
+    }
+}
+
 /// The loop of the `*_churn_pairs` kernels for thread `i`: `rounds` times, `malloc` a size drawn
-/// uniformly from `[min, max]` (a seeded xorshift per thread: the same sizes for every allocator),
-/// write the block's first and last 4-byte words, read them back, `free` it. Returns (words read
-/// back wrong, failed mallocs).
+/// uniformly from `[min, max]` (a seeded xorshift per thread: the same sizes for every allocator)
+/// and write the block's first and last 4-byte words with the pattern of `(i, round)`; then check
+/// and `free` the block of the round before. Each block is checked when it is freed, a round
+/// (one `malloc` of its owner) after its words were written, so a block the allocator also
+/// handed to another thread in that time shows as words the other owner overwrote (as
+/// `toga_churn` checks its blocks; checked right after the write, an overlap would show only if
+/// the other write fell between the two). A thread holds at most two blocks, and each round is
+/// still one `malloc` and one `free`; a last pass without a `malloc` checks and frees the last
+/// block. Returns (words wrong at free, failed mallocs).
 ///
 /// `malloc` returns null or a block of at least the size asked, 4-byte aligned; `free` is given
 /// each block `malloc` returned exactly once. The caller guarantees `CHURN_WORD <= min <= max <
@@ -328,36 +383,47 @@ fn churn_pairs_loop(
     let mut rng = (i ^ (seed as u64) << 32).wrapping_mul(SEED_MIX) | 1;
     let span = (max - min + 1) as u64;
     let (mut bad, mut failed) = (0, 0);
-    for round in 0..rounds {
-        // xorshift64 (Marsaglia's 13, 7, 17), as `toga_churn` and the host's `uniform_sizes`.
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let size = min as usize + ((rng >> 32) % span) as usize;
-        let p = malloc(size);
-        if p.is_null() {
-            failed += 1;
-            continue;
+    // The block of round `round - 1`, checked and freed in round `round`. One pass more than
+    // `rounds` frees the last block without a `malloc`, at the loop's one call site of `free`.
+    let mut held = Held::NONE;
+    for round in 0..rounds as u64 + 1 {
+        let round = round as u32;
+        let new = if round < rounds {
+            // xorshift64 (Marsaglia's 13, 7, 17), as `toga_churn` and the host's `uniform_sizes`.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let size = min as usize + ((rng >> 32) % span) as usize;
+            let block = Held {
+                words: malloc(size) as *mut u32,
+                last: (size / CHURN_WORD - 1) as u32,
+            };
+            if block.words.is_null() {
+                failed += 1;
+            } else {
+                // SAFETY: the block holds `size` ≥ `CHURN_WORD` bytes, 4-byte aligned
+                // (`malloc`'s contract), so words 0 and `last` are inside it.
+                unsafe { block.write(i, round) };
+            }
+            block
+        } else {
+            Held::NONE
+        };
+        if !held.words.is_null() {
+            // SAFETY: `held` is live until this `free`, the one it is given.
+            bad += unsafe { held.check(i, round.wrapping_sub(1)) };
+            free(held.words as *mut u8);
         }
-        let words = p as *mut u32;
-        let last = size / CHURN_WORD - 1;
-        let (first_word, last_word) = (pattern::word(i, round, 0), pattern::word(i, round, last));
-        // SAFETY: `p` holds `size` ≥ `CHURN_WORD` bytes, 4-byte aligned (`malloc`'s contract),
-        // so words 0 and `last` are inside it.
-        unsafe {
-            words.write_volatile(first_word);
-            words.add(last).write_volatile(last_word);
-            bad += (words.read_volatile() != first_word) as u64;
-            bad += (words.add(last).read_volatile() != last_word) as u64;
-        }
-        free(p);
+        held = new;
     }
     (bad, failed)
 }
 
 /// Benchmark (churn of malloc/free pairs): each of `n` threads, `rounds` times, `malloc`s a size
-/// in `[min, max]`, writes and reads back its first and last words, and `free`s it: one live
-/// block per thread at a time. `errors[0]`: words read back wrong; `errors[1]`: failed mallocs.
+/// in `[min, max]` and writes its first and last words, then checks those of the block it
+/// `malloc`ed the round before and `free`s it (`churn_pairs_loop`): one `malloc` and one `free`
+/// per round, at most two live blocks per thread. `errors[0]`: words found wrong at `free`;
+/// `errors[1]`: failed mallocs.
 ///
 /// # Safety
 /// `errors` has two words; `4 <= min <= max < u32::MAX`.
@@ -390,8 +456,8 @@ pub unsafe extern "ptx-kernel" fn toga_churn_pairs(
     count_error(errors, 1, failed);
 }
 
-/// Baseline of `toga_churn_pairs` with CUDA's device `malloc` and `free`: the same sizes, writes
-/// and counts.
+/// Baseline of `toga_churn_pairs` with CUDA's device `malloc` and `free`: the same sizes, writes,
+/// checks and counts.
 ///
 /// # Safety
 /// As `toga_churn_pairs`; the context's malloc heap limit was raised before loading.
@@ -424,8 +490,9 @@ pub unsafe extern "ptx-kernel" fn cuda_churn_pairs(
 
 /// Baseline of `toga_churn_pairs` with the bump allocator: `malloc` is one `atom.add` on
 /// `bump[0]`, its offset taken modulo `ring_bytes` into `ring`, and `free` does nothing: the same
-/// sizes, writes and atomics per pair with no reuse logic, the practical ceiling. A word read back
-/// wrong would mean a thread fell a whole ring behind between its write and its read.
+/// sizes, writes, checks and atomics per pair with no reuse logic, the practical ceiling. A word
+/// found wrong would mean the ring wrapped past a block between its write and its check (a round
+/// of its owner later).
 ///
 /// # Safety
 /// As `toga_churn_pairs`; `bump` has one word; `ring_bytes` is a power of two and `ring` holds
