@@ -257,6 +257,7 @@ const USER_PTX_ENTRIES: &[&str] = &[
     "toga_heap_add_range",
     "toga_heap_take_granules",
     "toga_heap_collect",
+    "toga_heap_census",
     "toga_host_malloc",
     "toga_host_malloc_batch",
     "toga_host_free",

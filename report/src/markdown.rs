@@ -42,14 +42,14 @@ pub fn document(
 
 /// What each value of the `heap` column includes in the timed span, printed before the
 /// tables.
-const STATES: &str = "The `heap` column says what the timed kernel found and what its time \
-     includes. `first-use`: a new heap's set-up and its first `malloc` kernel, timed together \
-     (`Heap::reset`: the metadata zeroed, the init kernels, the arenas stocked; then the \
-     kernel), as a user's first kernel on a new heap pays for them. `fresh`: the same kernel \
-     on a heap just set up by an untimed `Heap::reset`. `warm`: the kernel on a heap that has \
-     served and freed this size before (not reset since). A heap size (`8MiB`, ...): \
-     `u_utilization`'s fresh heap of that size. The baselines have nothing to set up: their \
-     rows say `fresh`. Each cell's median is over the first 10 runs of the cell (criterion \
+const STATES: &str = "The `heap` column (in the malloc table, its column headings) says what \
+     the timed kernel found and what its time includes. `first-use`: a new heap's set-up and its \
+     first `malloc` kernel, timed together (`Heap::reset`: the metadata zeroed, the init \
+     kernels, the arenas stocked; then the kernel), as a user's first kernel on a new heap pays \
+     for them. `fresh`: the same kernel on a heap just set up by an untimed `Heap::reset`. \
+     `warm`: the kernel on a heap that has served and freed this size before (not reset since). \
+     A heap size (`8MiB`, ...): `u_utilization`'s fresh heap of that size. The baselines have \
+     nothing to set up: their rows say `fresh`. Each cell's median is over the first 10 runs of the cell (criterion \
      runs a fast cell more often; the CSVs keep its first 10, for every allocator alike: \
      `benches/common/mod.rs`, `TIMED_RUNS`); a bench that runs a cell fewer times (CUDA's \
      churn, once) says so in its `n`.";
@@ -88,10 +88,12 @@ fn describe(scenario: &str) -> Option<&'static str> {
              column holds its median over the `n` rounds, `failed` the most nulls of a round."
         }
         "f_churn" => {
-            "churn: every thread does `rounds` × (`malloc` a size drawn from the range, write and \
-             read back its first and last words, `free`) in one kernel, on a warm heap (one round \
-             served and freed before the timed kernel). The rate is malloc/free pairs per second: \
-             threads × rounds ÷ kernel time. The bump ceiling never frees."
+            "churn: every thread does `rounds` × (`malloc` a size drawn from the range, write its \
+             first and last words, check and `free` the block of the round before) in one kernel, \
+             on a warm heap (one round served and freed before the timed kernel). The rate is \
+             malloc/free pairs per second: threads × rounds ÷ kernel time. The bump ceiling never \
+             frees. Results dated before 2026-11-29 are of the earlier kernel, which read each \
+             block back right after writing it and freed it at once (Notes)."
         }
         "g_warm_launch" => {
             "warm launch: the time of one small launch. `warm` rows run on a heap that has served \
@@ -149,6 +151,32 @@ fn format_ms(ms: f64) -> String {
     }
 }
 
+/// Scenarios whose table has a row per allocator, size and threads and a pair of columns (median
+/// ms, rate) per heap state ([`BY_STATE_COLUMNS`]), so that one allocator's states sit side by
+/// side: the malloc table, where toga runs on a new, a fresh and a warm heap.
+const BY_STATE_SCENARIOS: &[&str] = &["a_malloc_only"];
+
+/// The heap states a by-state table has columns for, in order, each with what its time
+/// includes (the column legend under the table's description). A state no row has gets no
+/// column.
+const BY_STATE_COLUMNS: [(&str, &str); 3] = [
+    (
+        "first-use",
+        "a new heap: its set-up (`Heap::reset`: the metadata zeroed, the init kernels, the \
+         arenas stocked) and the first `malloc` kernel, timed together",
+    ),
+    (
+        "fresh",
+        "the `malloc` kernel alone, on a heap just set up by an untimed `Heap::reset` (the \
+         arenas stocked)",
+    ),
+    (
+        "warm",
+        "the `malloc` kernel on a heap used before: it has served and freed this size, with no \
+         reset since",
+    ),
+];
+
 /// One scenario's section: heading, description, table of medians.
 fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
     let _ = writeln!(md, "## {scenario}\n");
@@ -159,6 +187,9 @@ fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
     metrics.sort_unstable();
     metrics.dedup();
     let rate = rate_heading(&metrics);
+    if BY_STATE_SCENARIOS.contains(&scenario) && by_state_table(md, summary, rate) {
+        return;
+    }
     // A rounds column only where some kernel does more than one operation per thread.
     let with_rounds = summary.keys().any(|k| k.3 != 1);
     let rounds_heading = if with_rounds { " rounds |" } else { "" };
@@ -211,6 +242,108 @@ fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
     let _ = writeln!(md);
 }
 
+/// A by-state table ([`BY_STATE_SCENARIOS`]): its column legend, then one row per allocator,
+/// size, threads and rounds, with the median ms and rate of each state that some row has, `–`
+/// where this row's allocator has no cell in it; `n` gives the samples per cell (one number when
+/// every cell of the row has as many, else each cell's in column order), `failed` the most
+/// failures of any sample of the row. `false`, and nothing written, when the summary does not
+/// fit that shape (a state other than [`BY_STATE_COLUMNS`]'s, more than one metric): the caller
+/// writes the long table instead.
+fn by_state_table(md: &mut String, summary: &BTreeMap<Key, Cell>, rate: &str) -> bool {
+    let column = |state: &str| BY_STATE_COLUMNS.iter().position(|(s, _)| *s == state);
+    let mut metrics = summary.keys().map(|k| &k.5);
+    let one_metric = metrics
+        .next()
+        .is_some_and(|first| metrics.all(|m| m == first));
+    if !one_metric || summary.keys().any(|k| column(&k.4).is_none()) {
+        return false;
+    }
+    let columns: Vec<usize> = (0..BY_STATE_COLUMNS.len())
+        .filter(|&c| summary.keys().any(|k| column(&k.4) == Some(c)))
+        .collect();
+    let legend: Vec<String> = columns
+        .iter()
+        .map(|&c| format!("`{}`: {}", BY_STATE_COLUMNS[c].0, BY_STATE_COLUMNS[c].1))
+        .collect();
+    let absent: Vec<String> = (0..BY_STATE_COLUMNS.len())
+        .filter(|c| !columns.contains(c))
+        .map(|c| format!("`{}`", BY_STATE_COLUMNS[c].0))
+        .collect();
+    let absent = if absent.is_empty() {
+        String::new()
+    } else {
+        format!(" These results have no {} cells.", absent.join(" or "))
+    };
+    let _ = writeln!(
+        md,
+        "Columns by heap state, each a median time and its rate: {}. The baselines have \
+         nothing to set up: they have `fresh` cells only.{absent}\n",
+        legend.join("; ")
+    );
+    let with_rounds = summary.keys().any(|k| k.3 != 1);
+    let mut heading = String::from("| allocator | size (B) | threads |");
+    let mut rule = String::from("| --- | --- | --- |");
+    if with_rounds {
+        heading.push_str(" rounds |");
+        rule.push_str(" --- |");
+    }
+    for &c in &columns {
+        let state = BY_STATE_COLUMNS[c].0;
+        let _ = write!(heading, " {state} ms | {state} {rate} |");
+        rule.push_str(" --- | --- |");
+    }
+    heading.push_str(" n | failed |");
+    rule.push_str(" --- | --- |");
+    let _ = writeln!(md, "{heading}\n{rule}");
+
+    // (size, allocator, threads, rounds) → the row's cell of each state column.
+    type Row<'a> = (&'a str, &'a str, u64, u64);
+    let mut rows: BTreeMap<Row, Vec<Option<&Cell>>> = BTreeMap::new();
+    for ((alloc, size, threads, rounds, state, _), cell) in summary {
+        let c = column(state).expect("checked above");
+        rows.entry((size, alloc, *threads, *rounds))
+            .or_insert_with(|| vec![None; BY_STATE_COLUMNS.len()])[c] = Some(cell);
+    }
+    let mut rows: Vec<_> = rows.into_iter().collect();
+    rows.sort_by_key(|((size, alloc, threads, rounds), _)| {
+        (size_key(size), *size, *threads, *rounds, *alloc)
+    });
+    for ((size, alloc, threads, rounds), cells) in rows {
+        let mut line = format!("| {alloc} | {size} | {threads} |");
+        if with_rounds {
+            let _ = write!(line, " {rounds} |");
+        }
+        let mut counts = Vec::new();
+        for &c in &columns {
+            match cells[c] {
+                Some(cell) => {
+                    let rate = if cell.ms > 0.0 {
+                        format!("{:.0}", cell.mops(threads, rounds))
+                    } else {
+                        "–".to_string()
+                    };
+                    let _ = write!(line, " {} | {rate} |", format_ms(cell.ms));
+                    counts.push(cell.n.to_string());
+                }
+                None => {
+                    line.push_str(" – | – |");
+                    counts.push("–".to_string());
+                }
+            }
+        }
+        let present: Vec<&Cell> = cells.iter().flatten().copied().collect();
+        let n = if present.iter().all(|cell| cell.n == present[0].n) {
+            present[0].n.to_string()
+        } else {
+            counts.join(" / ")
+        };
+        let failed = present.iter().map(|cell| cell.failed).max().unwrap_or(0);
+        let _ = writeln!(md, "{line} {n} | {failed} |");
+    }
+    let _ = writeln!(md);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +354,86 @@ mod tests {
         assert_eq!(format_ms(0.004512), "0.004512");
         assert_eq!(format_ms(1.86712), "1.8671");
         assert_eq!(format_ms(0.0), "0.0000");
+    }
+
+    fn sample(allocator: &str, size: &str, state: &str, metric: &str, ms: f64) -> Sample {
+        Sample {
+            scenario: "a_malloc_only".into(),
+            allocator: allocator.into(),
+            size: size.into(),
+            threads: 1000,
+            rounds: 1,
+            state: state.into(),
+            metric: metric.into(),
+            ms,
+            failed: 0,
+        }
+    }
+
+    fn malloc_table(samples: &[Sample]) -> String {
+        let mut md = String::new();
+        table(&mut md, "a_malloc_only", &summarize(samples));
+        md
+    }
+
+    #[test]
+    fn the_malloc_table_puts_first_use_beside_fresh_and_warm() {
+        let md = malloc_table(&[
+            sample("toga", "16", "warm", "malloc", 0.5),
+            sample("toga", "16", "first-use", "malloc", 2.0),
+            sample("toga", "16", "fresh", "malloc", 1.0),
+            sample("bump", "16", "fresh", "malloc", 0.1),
+        ]);
+        assert!(
+            md.contains(
+                "| allocator | size (B) | threads | first-use ms | first-use M allocs/s | \
+                 fresh ms | fresh M allocs/s | warm ms | warm M allocs/s | n | failed |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| toga | 16 | 1000 | 2.0000 | 0 | 1.0000 | 1 | 0.5000 | 2 | 1 | 0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| bump | 16 | 1000 | – | – | 0.1000 | 10 | – | – | 1 | 0 |"),
+            "{md}"
+        );
+        for state in ["`first-use`: a new heap", "`fresh`: ", "`warm`: "] {
+            assert!(md.contains(state), "no {state} in the legend:\n{md}");
+        }
+        assert!(!md.contains("These results have no"), "{md}");
+    }
+
+    #[test]
+    fn without_first_use_cells_the_malloc_table_has_no_such_column() {
+        let md = malloc_table(&[
+            sample("toga", "16", "fresh", "malloc", 1.0),
+            sample("toga", "16", "fresh", "malloc", 3.0),
+            sample("toga", "16", "warm", "malloc", 0.5),
+        ]);
+        assert!(!md.contains("first-use ms"), "{md}");
+        assert!(
+            md.contains("These results have no `first-use` cells."),
+            "{md}"
+        );
+        assert!(
+            md.contains("| toga | 16 | 1000 | 3.0000 | 0 | 0.5000 | 2 | 2 / 1 | 0 |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn a_malloc_table_of_other_shapes_stays_long() {
+        let md = malloc_table(&[
+            sample("toga", "16", "fresh", "malloc", 1.0),
+            sample("toga", "16", "fresh", "free", 0.5),
+        ]);
+        assert!(
+            md.contains("| allocator | size (B) | threads | heap | metric |"),
+            "{md}"
+        );
+        assert!(!md.contains("Columns by heap state"), "{md}");
     }
 
     #[test]
