@@ -475,3 +475,44 @@ pub(crate) fn drain_pending(arena: &Arena, class: SizeClass) -> bool {
     });
     taken > 0
 }
+
+/// The leader's part of a group free: clear `bits` (slots of `word` of `bin`, some of which
+/// may already be free) and account for those that were taken. Returns the old bitmap word
+/// (a lane's slot was freed by this call iff its bit is set in it) and whether the release
+/// left the bin with no slot taken. Called inside a read section of `arena`; the caller then
+/// gives the freed slots' units back with [`give_units`] after it left the section (so the
+/// section's closing fence does not wait for that add).
+pub(crate) fn release_bits(
+    arena: &Arena,
+    class: SizeClass,
+    bin: &BinHeader,
+    word: u32,
+    bits: u64,
+) -> (u64, bool) {
+    // Fenced: inside a read section entered after the blocks' last writes (its entry's fence
+    // makes this `fetch_and` a release of them; rcu.rs).
+    let r = bin.release_many_fenced(class, word, bits);
+    if r.was_full {
+        // INV(UA7): a bin that was full (and may be unlisted) gets listed, lazily, before a
+        // walker needs the units released below: no mutex here (alloc.rs).
+        note_not_full(arena, class, bin);
+    }
+    (r.old, r.left == 0 && r.old & bits != 0)
+}
+
+/// Give the units of the slots of `bits` that `old` (from [`release_bits`]) shows taken back
+/// to the class's semaphore, and count a bin the release left `emptied` for the trims
+/// (INV(UA17)). Outside the read section, after its closing fence: until the units are back,
+/// a trim cannot take the bin's units and so does not retire it; and the fence makes the
+/// count a release of the emptying.
+pub(crate) fn give_units(arena: &Arena, class: SizeClass, old: u64, bits: u64, emptied: bool) {
+    let n = (old & bits).count_ones();
+    if n > 0 {
+        // Relaxed: the bits were published by the release `fetch_and`; a claimer that takes
+        // these units acquires them with its `fetch_or` (INV(UA2) holds: the bin is listed).
+        arena.class(class).slots.0.release_relaxed(n);
+    }
+    if emptied {
+        arena.harvest().note_fenced();
+    }
+}

@@ -47,8 +47,8 @@
 use crate::platform;
 use crate::run::{Leftover, Look, MAX_BASE, Next, Take, Takes};
 use crate::size_class::{BinKind, NUM_CLASSES, SizeClass};
+use crate::ualloc::arena::{give_units, release_bits};
 use crate::ualloc::bin::{BinHeader, RUN_BIN, bin_at};
-use crate::ualloc::free::{give_units, release_bits};
 use crate::ualloc::layout::{BLOCK_SHIFT, PAGE_SHIFT, PAGE_SIZE, SMALL_BINS, WORD_BITS, slot_ptr};
 use crate::ualloc::refill::{JOINED, PLENTY_CHUNKS_PER_ARENA};
 use crate::ualloc::{ChunkSource, UAlloc};
