@@ -3,14 +3,18 @@
 //! (a guarded swap, `Run::replace`), lanes take its slots with one add (`Run::take`), a trim
 //! flushes it (`replace(Next::Empty)`, whose give-back frees the slots nobody was handed inside
 //! a read section, as `give_back_slots` does), and `free` asks the word whether the run still
-//! holds a slot before it clears the slot's bit (`run_holds`, INV(UA19)):
+//! holds a slot before it clears the slot's bit, with the production check
+//! (`ualloc::run_holds`, INV(UA19)) acted on as `free_single` does:
 //!
 //! ```text
-//! free(slot): read_lock_fenced; look = run.look()
-//!             draining  → leave the section, wait_while_draining, look again
-//!             slot ≥ look.taken (held) → refused (a stray free), nothing changes
-//!             otherwise → release_many_fenced(bit), leave, give the unit back
+//! free(slot): read_lock_fenced; run_holds(run.look(), class, bin, slot)
+//!             Swapping(look) → leave the section, wait_while_draining, look again
+//!             Yes (the run holds it) → refused (a stray free), nothing changes
+//!             No → release_many_fenced(bit), leave, give the unit back
 //! ```
+//!
+//! The word names the run by its bin's real address in 128 B blocks, as a stock names its
+//! first bin, so that `run_holds` finds the bin in the run.
 //!
 //! The oracles are INV(TB14) and INV(UA19): every slot of the run is handed out once or given
 //! back once, never both; a free never clears the bit of a slot the run holds; the bin's count
@@ -23,9 +27,11 @@ use loom::thread;
 
 use toga_kernels::bulk_semaphore::{BulkSemaphore, PerSm};
 use toga_kernels::rcu::Srcu;
-use toga_kernels::run::{Leftover, Next, Run, Take};
+use toga_kernels::run::{Leftover, MAX_BASE, Next, Run, Take};
 use toga_kernels::size_class::SizeClass;
 use toga_kernels::ualloc::bin::BinHeader;
+use toga_kernels::ualloc::layout::BLOCK_SHIFT;
+use toga_kernels::ualloc::{Held, run_holds};
 
 fn class() -> SizeClass {
     SizeClass::from_size(128)
@@ -33,8 +39,6 @@ fn class() -> SizeClass {
 
 /// A run of one 128 B bin: 32 items, item `i` is slot `i`.
 const ITEMS: u32 = 32;
-/// The run's base in the word (the models have one bin; any base names it).
-const BASE: u64 = 5;
 
 struct Arena {
     rcu: Srcu,
@@ -43,29 +47,41 @@ struct Arena {
     units: BulkSemaphore<PerSm>,
 }
 
+/// The run's base in the word: its bin's address in 128 B blocks (`BinHeader` is
+/// 128-aligned), as a stock names its first bin.
+fn base(a: &Arena) -> u64 {
+    let base = &a.bin as *const BinHeader as u64 >> BLOCK_SHIFT;
+    assert!(base <= MAX_BASE, "the bin's address fits the word's base");
+    base
+}
+
 /// A run's bin carved full and named by the word, its first `kept` slots the stocker's.
 fn arena(kept: u32) -> Arc<Arena> {
-    let a = Arena {
+    // In its `Arc` first: the word names the bin by its address.
+    let a = Arc::new(Arena {
         rcu: Srcu::new(),
         bin: BinHeader::new(),
         run: Run::new(),
         units: BulkSemaphore::new(0),
-    };
+    });
     a.bin.init(class(), class().slots());
     assert!(a.run.replace(
-        Next::Run { base: BASE, kept },
+        Next::Run {
+            base: base(&a),
+            kept
+        },
         ITEMS,
         true,
         |_| panic!("an empty word has no leftover"),
         || {}
     ));
-    Arc::new(a)
+    a
 }
 
 /// Give back a swap's leftover as `give_back_slots` does: its bits freed inside a read
 /// section, their units given to the semaphore after it. Returns the bits given back.
 fn give_back(a: &Arena, left: Leftover) -> u64 {
-    assert_eq!(left.base, BASE);
+    assert_eq!(left.base, base(a));
     let bits = (u64::MAX >> (64 - left.count)) << left.first;
     let reader = a.rcu.read_lock_fenced();
     let r = a.bin.release_many_fenced(class(), 0, bits);
@@ -89,22 +105,19 @@ enum Outcome {
     Double,
 }
 
-/// `free_single`'s steps for a slot of the run's bin (module doc).
+/// `free_single`'s steps for a slot of the run's bin, a bin carved for a run (module doc).
 fn free(a: &Arena, slot: u32) -> Outcome {
     let reader = loop {
         let reader = a.rcu.read_lock_fenced();
-        let look = a.run.look();
-        if look.base == Some(BASE) {
-            if look.draining {
+        // INV(UA19): the production check, acted on as `free_single` does.
+        match run_holds(a.run.look(), class(), &a.bin, slot) {
+            Held::No => break reader,
+            Held::Yes => return Outcome::Stray,
+            Held::Swapping(seen) => {
                 drop(reader);
-                a.run.wait_while_draining(&look);
-                continue;
-            }
-            if slot as u64 >= look.taken {
-                return Outcome::Stray;
+                a.run.wait_while_draining(&seen);
             }
         }
-        break reader;
     };
     let r = a.bin.release_many_fenced(class(), 0, 1 << slot);
     drop(reader);
@@ -129,8 +142,8 @@ fn a_stray_free_of_a_held_slot_races_a_take_and_a_flush() {
         let taker = {
             let a = a.clone();
             thread::spawn(move || match a.run.take(ITEMS) {
-                Take::Item { base, index } => {
-                    assert_eq!(base, BASE);
+                Take::Item { base: at, index } => {
+                    assert_eq!(at, base(&a));
                     Some((index, free(&a, index)))
                 }
                 // After the flush: the word is empty and this lane would stock the next run

@@ -66,6 +66,8 @@ pub use arena::Arena;
 pub use exhaust::{HarvestCount, TrimGate};
 pub use layout::{CHUNK_SHIFT, CHUNK_SIZE, PAGE_SHIFT, PAGE_SIZE};
 pub(crate) use refill::OOM_RETRIES;
+#[doc(hidden)]
+pub use run::{Held, run_holds};
 pub use run::{run_bins, run_items};
 
 /// Where UAlloc gets its chunks (the heap implements it over TBuddy).

@@ -159,7 +159,9 @@ pub(crate) fn run_pos_slot(pos: u64, class: SizeClass, r: u32) -> *mut u8 {
 }
 
 /// What the run of a slot's class holds of it ([`run_holds`]).
-pub(crate) enum Held {
+///
+/// Public for the loom model (`tests/loom_slot_run.rs`), which calls the real check.
+pub enum Held {
     /// Not the run's: the slot's bit tells whether it is live.
     No,
     /// The run holds the slot: nobody was handed it.
@@ -172,8 +174,10 @@ pub(crate) enum Held {
 /// Whether the run of `class` whose word reads `look` ([`Run::look`](crate::run::Run::look), of the bin's arena,
 /// loaded inside the read section of the free that asks) holds slot `slot` of `bin` (a bin
 /// carved for a run, [`RUN_BIN`]; INV(UA19)).
+///
+/// Public for the loom model (`tests/loom_slot_run.rs`), which calls the real check.
 #[inline(always)]
-pub(crate) fn run_holds(look: Look, class: SizeClass, bin: &BinHeader, slot: u32) -> Held {
+pub fn run_holds(look: Look, class: SizeClass, bin: &BinHeader, slot: u32) -> Held {
     let Some(base) = look.base else {
         return Held::No;
     };
