@@ -1,6 +1,7 @@
 // toga from CUDA C++: per-thread linked lists on a fixed heap, per-thread vectors on a growable
 // heap that grows while the kernel runs, and what happens without a heap or with a foreign free.
-// Exits with 1 on any wrong value. `example --small` runs 1/64 of the threads (for memcheck).
+// Exits with 1 on any wrong value. `example --small` runs 1/64 of the threads; `--no-grow` maps
+// the growable heap whole at creation, so that it does not grow in the kernel (for memcheck).
 // Build: see docs/cpp.md (or CMakeLists.txt here).
 #include <stdint.h>
 #include <string.h>
@@ -112,7 +113,18 @@ static unsigned long long read_word(unsigned long long *d) {
 
 int main(int argc, char **argv) {
   int failures = 0;
-  const unsigned shrink = argc > 1 && strcmp(argv[1], "--small") == 0 ? 6 : 0;
+  unsigned shrink = 0;
+  bool grow = true;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--small") == 0) {
+      shrink = 6;
+    } else if (strcmp(argv[i], "--no-grow") == 0) {
+      grow = false;
+    } else {
+      fprintf(stderr, "usage: example [--small] [--no-grow]\n");
+      return 2;
+    }
+  }
   cudaStream_t stream;
   CUDA_OK(cudaSetDevice(0));
   CUDA_OK(cudaStreamCreate(&stream));
@@ -170,13 +182,19 @@ int main(int argc, char **argv) {
 
   // 4. Vectors on a growable heap that starts at 8 MiB: 2^18 threads push 512 words each
   //    (4 KiB vectors, 1 GiB live at the end; --small: 16 MiB), so the heap grows while the
-  //    kernel runs.
+  //    kernel runs (--no-grow: mapped whole at creation, it must not grow).
   {
     const unsigned long long n = 1ull << (18 - shrink);
     const unsigned per_thread = 512;
     toga_growable_options opts = {};
     opts.initial_bytes = 8ull << 20;
     opts.max_bytes = 4ull << 30;
+    if (!grow) {
+      // The whole heap mapped at creation, so nothing grows while the kernel runs (for
+      // memcheck, which does not see memory mapped during a kernel: docs/cpp.md).
+      opts.max_bytes = (shrink ? 64ull : 2048ull) << 20;
+      opts.initial_bytes = opts.max_bytes;
+    }
     toga_heap heap;
     TOGA_OK(toga_heap_create_growable(0, &opts, stream, &heap));
     TOGA_OK(toga_bind_device_heap(heap, stream));
@@ -201,8 +219,9 @@ int main(int argc, char **argv) {
            "to %.0f MiB, %.0f MiB mapped after synchronize\n",
            n, per_thread, nulls, errors, (unsigned long long)grown.kernel_grows,
            grown.mapped_bytes / 1048576.0, s.mapped_bytes / 1048576.0);
-    if (nulls || errors || s.live_blocks || grown.kernel_grows == 0 ||
-        grown.mapped_bytes <= opts.initial_bytes)
+    if (nulls || errors || s.live_blocks ||
+        (grow ? grown.kernel_grows == 0 || grown.mapped_bytes <= opts.initial_bytes
+              : grown.kernel_grows != 0))
       failures++;
     TOGA_OK(toga_unbind_device_heap(stream));
     CUDA_OK(cudaFree(vs));
