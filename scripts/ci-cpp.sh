@@ -25,7 +25,7 @@ rm -rf "$build" && mkdir -p "$build"
 
 TOGA_PROFILE=debug TOGA_DEVICE_ARCHS="75 90" NVCC=$nvcc scripts/bundle-cpp "$bundle"
 
-for p in example stress bench; do
+for p in quickstart example stress bench; do
   "$nvcc" -std=c++17 -arch=sm_90 -rdc=true -I"$bundle/include" "examples/cuda-cpp/$p.cu" \
     "$bundle/lib/libtoga_device.a" "$bundle/lib/libtoga.a" -ldl -lpthread -lm -lrt \
     -o "$build/$p" -Xnvlink -v > "$build/$p.nvlink.txt" 2>&1 || { cat "$build/$p.nvlink.txt"; exit 1; }
@@ -60,5 +60,5 @@ c++ -std=c++11 -Wall -Werror -fsyntax-only -x c++ -I"$bundle/include" - <<< '#in
 "$venv/bin/cmake" -S examples/cuda-cpp -B "$build/cmake" -DCMAKE_PREFIX_PATH="$bundle" \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 > "$build/cmake.log"
 "$venv/bin/cmake" --build "$build/cmake" -j 2 >> "$build/cmake.log"
-ls "$build/cmake/example" "$build/cmake/stress" "$build/cmake/bench" "$build/cmake/capi_test"
+ls "$build/cmake/quickstart" "$build/cmake/example" "$build/cmake/stress" "$build/cmake/bench" "$build/cmake/capi_test"
 echo "ci-cpp: ok"

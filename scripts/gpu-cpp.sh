@@ -70,7 +70,7 @@ summary "gpu-cpp: $(nvidia-smi --query-gpu=name,driver_version --format=csv,nohe
 
 inc=(-I"$bundle/include")
 libs=("$bundle/lib/libtoga_device.a" "$bundle/lib/libtoga.a" -ldl -lpthread -lm -lrt)
-for p in example stress bench; do
+for p in quickstart example stress bench; do
   if "$nvcc" -std=c++17 -O2 -arch="$ARCH" -rdc=true "${inc[@]}" "examples/cuda-cpp/$p.cu" "${libs[@]}" \
       -o "$bin/$p" -Xnvlink -v > "$logs/build-$p.log" 2>&1; then
     # Every kernel of the program, registers per thread (nvlink counts the callees too).
@@ -116,6 +116,7 @@ run() { # NAME SECONDS COMMAND...: run with a time limit, log to $logs/NAME.log,
 }
 [ -x "$bin/capi_test" ] && run capi_test 120 "$bin/capi_test" --gpu
 [ -x "$bin/capi_test_shared" ] && run capi_test_shared 120 "$bin/capi_test_shared" --gpu
+[ -x "$bin/quickstart" ] && run quickstart 120 "$bin/quickstart"
 [ -x "$bin/example" ] && run example 300 "$bin/example"
 [ -x "$bin/stress" ] && run stress 300 "$bin/stress"
 
