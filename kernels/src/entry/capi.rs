@@ -18,7 +18,6 @@
 //!
 //! The ABI is scalars and pointers only (`usize` is `size_t` on nvptx64).
 
-use core::arch::asm;
 use core::ptr;
 
 use crate::heap::{self, DeviceHeap};
@@ -40,14 +39,7 @@ static UNBOUND_MALLOCS: Atomic64 = Atomic64::new(0);
 /// GPU-scope load, as `crate::malloc` makes, goes to L2 on every call.
 #[inline(always)]
 fn bound_heap() -> Option<DeviceHeap<'static>> {
-    let base: u64;
-    // SAFETY: `BOUND_BASE` is an `Atomic64`, a transparent `UnsafeCell<u64>` in global memory;
-    // no thread writes it while a kernel that reads it here runs (`toga_bind`'s contract).
-    unsafe {
-        asm!("ld.global.nc.u64 {0}, [{1}];", out(reg64) base,
-             in(reg64) &BOUND_BASE as *const Atomic64 as *const u64,
-             options(nostack, readonly, pure, preserves_flags));
-    }
+    let base = BOUND_BASE.load_read_only();
     // SAFETY: `toga_bind`'s contract: a nonzero base is an initialized heap.
     (base != 0).then(|| unsafe { DeviceHeap::from_base(base as *mut u8) })
 }

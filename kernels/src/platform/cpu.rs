@@ -19,6 +19,11 @@ macro_rules! cpu_atomic {
             pub fn load_acquire(&self) -> $t {
                 self.0.load(Acquire)
             }
+            /// The GPU's read-only load (`ld.global.nc`); a relaxed load here.
+            #[inline]
+            pub fn load_read_only(&self) -> $t {
+                self.0.load(Relaxed)
+            }
             #[inline]
             pub fn store_relaxed(&self, v: $t) {
                 self.0.store(v, Relaxed)

@@ -85,6 +85,22 @@ macro_rules! atomic_type {
                 v
             }
 
+            /// A load through the non-coherent, L1-cached read-only path (`ld.global.nc`),
+            /// for a word that no thread writes while the kernel that reads it runs (no
+            /// ordering, and the compiler may merge such loads). A GPU-scope load goes to L2
+            /// every time.
+            #[inline(always)]
+            pub fn load_read_only(&self) -> $t {
+                let v: $t;
+                // SAFETY: valid aligned location; the caller's contract keeps writers away.
+                unsafe {
+                    asm!(concat!("ld.global.nc.u", $bits, " {0}, [{1}];"),
+                        out($reg) v, in(reg64) self.0.get(),
+                        options(nostack, readonly, pure, preserves_flags));
+                }
+                v
+            }
+
             #[inline(always)]
             pub fn store_relaxed(&self, v: $t) {
                 // SAFETY: valid aligned location, atomic access.
