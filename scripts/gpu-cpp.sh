@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine with CUDA 13 and no Rust: build the C++ examples and tests against
-# bundle-cpp/ (made here with scripts/bundle-cpp) and run them: the C API test, the example,
-# the 2^20-thread mixed-size pattern test, compute-sanitizer memcheck on the example (--small --no-grow),
-# and the speed comparison: the C++ `bench` and the Rust path's `host bench` (plus the Rust
-# mixed-size bench, benches/mixed) back to back, ROUNDS times, alternating. The comparison
+# bundle-cpp/ (made here with scripts/bundle-cpp) and run them: the C API test, quickstart, the
+# example, the 2^20-thread mixed-size pattern test, compute-sanitizer memcheck on the example
+# (--small --no-grow), and the speed comparison: the C++ `bench` and the Rust path's `host
+# bench` (plus the Rust mixed-size bench, benches/mixed) back to back, ROUNDS times,
+# alternating. The comparison
 # table (C++ against Rust, malloc and free, per size) goes to $OUT/compare.md and stdout.
 # With WHOLE_PROGRAM=1 (the default) the table also has the same bench.cu built as one whole
 # program with toga's PTX (examples/cuda-cpp/whole-program: a measurement, not a way to
