@@ -115,6 +115,7 @@ fn divergent(c: &mut Criterion) {
                 Allocator::Toga,
                 &sizes,
                 &label,
+                HeapState::Fresh,
                 metric,
             );
         }

@@ -1,38 +1,37 @@
-//! Scenario (c): 2^20 threads, one `malloc` each, sizes uniform over 16 – 4096 B (seeded), from a
-//! fresh heap, then the kernel that frees those blocks, each timed as its own row; toga against
-//! the bump ceiling (which never frees). CUDA's device malloc is not run: 2^20 blocks of up to
-//! 4 KiB is far above `common::CUDA_MAX_BYTES`.
+//! Scenario (c): 2^20 threads, one `malloc` each, sizes uniform over 16 – 4096 B (one seeded
+//! list, `toga_harness::mixed_sizes`, which `host bench`'s mixed row asks for too), then the
+//! kernel that frees those blocks, each timed as its own row. toga runs on a fresh heap (just
+//! reset, not timed) and on a warm one (reset, then one untimed malloc and free round of the same
+//! list); the bump ceiling (which never frees) has no state. CUDA's device malloc is not run:
+//! 2^20 blocks of up to 4 KiB is far above `common::CUDA_MAX_BYTES`.
 
 mod common;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use toga_harness::{Allocator, MallocBench, uniform_sizes};
-
-/// The sizes' range, in bytes (inclusive), and the seed of their list.
-const MIN: u32 = 16;
-const MAX: u32 = 4096;
-const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+use toga_harness::{Allocator, HeapState, MIXED_MAX, MallocBench, mixed_label, mixed_sizes};
 
 fn mixed(c: &mut Criterion) {
-    let Some(gpu) = common::gpu(common::THREADS, MAX) else {
+    let Some(gpu) = common::gpu(common::THREADS, MIXED_MAX) else {
         return;
     };
-    let heap = (common::THREADS * MAX as u64 * 2).min(gpu.free_memory().unwrap() / 3);
+    let heap = (common::THREADS * MIXED_MAX as u64 * 2).min(gpu.free_memory().unwrap() / 3);
     let mut b = MallocBench::new(&gpu, common::THREADS, heap).expect("bench setup");
     let sizes = b
         .stream()
-        .clone_htod(&uniform_sizes(common::THREADS, MIN, MAX, SEED))
+        .clone_htod(&mixed_sizes(common::THREADS))
         .expect("sizes");
-    let size_label = format!("{MIN}-{MAX}");
+    let size_label = mixed_label();
     let mut csv = common::Csv::new("c_mixed", &gpu);
     let mut g = common::group(c, "c_mixed");
     // Each iteration runs both kernels (`run_sizes`); a cell counts one of them.
     let cells = [
-        (Allocator::Toga, "malloc"),
-        (Allocator::Toga, "free"),
-        (Allocator::Bump, "malloc"),
+        (Allocator::Toga, HeapState::Fresh, "malloc"),
+        (Allocator::Toga, HeapState::Fresh, "free"),
+        (Allocator::Toga, HeapState::Warm, "malloc"),
+        (Allocator::Toga, HeapState::Warm, "free"),
+        (Allocator::Bump, HeapState::Fresh, "malloc"),
     ];
-    for (alloc, metric) in cells {
+    for (alloc, state, metric) in cells {
         common::bench_sizes(
             &mut g,
             &mut b,
@@ -41,6 +40,7 @@ fn mixed(c: &mut Criterion) {
             alloc,
             &sizes,
             &size_label,
+            state,
             metric,
         );
     }

@@ -239,8 +239,8 @@ pub fn bench_steady(
 }
 
 /// Benchmark `metric` ("malloc" or "free") of `alloc` where thread `i` asks for `sizes[i]`
-/// (`label` names the sizes in the id and the CSV): each criterion iteration is one
-/// `MallocBench::run_sizes` from a fresh heap, and only the chosen kernel's GPU time counts.
+/// (`label` names the sizes in the id and the CSV), in `state`: each criterion iteration is one
+/// `MallocBench::run_sizes`, and only the chosen kernel's GPU time counts.
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sizes(
     g: &mut BenchmarkGroup<WallTime>,
@@ -250,19 +250,23 @@ pub fn bench_sizes(
     alloc: Allocator,
     sizes: &cudarc::driver::CudaSlice<u32>,
     label: &str,
+    state: HeapState,
     metric: &'static str,
 ) {
     let threads = b.threads();
+    let state_label = state_name(state);
     g.throughput(Throughput::Elements(threads));
-    let id = format!("{}/fresh/{metric}/{label}", alloc.name());
+    let id = format!("{}/{state_label}/{metric}/{label}", alloc.name());
     gpu_timed(g, id, |iteration| {
-        let t = b.run_sizes(alloc, sizes).expect("benchmark iteration");
+        let t = b
+            .run_sizes(alloc, sizes, state)
+            .expect("benchmark iteration");
         Cell {
             scenario,
             alloc,
             label,
             threads,
-            state: "fresh",
+            state: state_label,
             metric,
         }
         .record(csv, iteration, t)

@@ -78,6 +78,26 @@ pub fn uniform_sizes(n: u64, lo: u32, hi: u32, seed: u64) -> Vec<u32> {
         .collect()
 }
 
+/// The mixed-size workload of `benches/mixed.rs` (scenario `c_mixed`) and of `host bench`'s
+/// mixed row: sizes uniform over `MIXED_MIN..=MIXED_MAX` bytes, drawn from [`MIXED_SEED`]
+/// ([`mixed_sizes`]), so the two time the same list.
+pub const MIXED_MIN: u32 = 16;
+/// The largest size of the mixed workload (see [`MIXED_MIN`]).
+pub const MIXED_MAX: u32 = 4096;
+/// The seed of the mixed workload's list (see [`MIXED_MIN`]).
+pub const MIXED_SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+const _: () = assert!(0 < MIXED_MIN && MIXED_MIN <= MIXED_MAX);
+
+/// The mixed workload's sizes for `n` threads ([`MIXED_MIN`]): the same list on every run.
+pub fn mixed_sizes(n: u64) -> Vec<u32> {
+    uniform_sizes(n, MIXED_MIN, MIXED_MAX, MIXED_SEED)
+}
+
+/// The mixed workload's range as the CSVs and tables name it: `16-4096`.
+pub fn mixed_label() -> String {
+    format!("{MIXED_MIN}-{MIXED_MAX}")
+}
+
 /// The smallest block the `*_churn_pairs` kernels take: they write its first and last 4-byte
 /// words.
 pub const CHURN_MIN_SIZE: u32 = 4;
@@ -541,7 +561,8 @@ pub enum HeapState {
     FirstUse,
     /// Just initialized (`Heap::reset`, not timed).
     Fresh,
-    /// After one full malloc/free round of the same size.
+    /// After one full malloc/free round of the same size (of the same list, in
+    /// [`MallocBench::run_sizes`]), untimed.
     Warm,
 }
 
@@ -554,6 +575,45 @@ pub struct Timing {
     pub free_ms: f32,
     /// Threads whose `malloc` returned null.
     pub failed: u64,
+}
+
+/// The size the bump baseline's kernel asks of every thread in a [`MallocBench::run_sizes`] (its
+/// kernel takes one size): the largest of the mixed list ([`MIXED_MAX`]). The bump allocator
+/// touches none of the memory it hands out, so the size changes only the offsets' stride.
+pub const BUMP_LIST_SIZE: u32 = MIXED_MAX;
+
+/// What the threads of a [`MallocBench`] malloc kernel ask for.
+#[derive(Clone, Copy)]
+enum Asks<'a> {
+    /// Every thread the same size.
+    Same(u32),
+    /// Thread `i` asks for `sizes[i]`.
+    Each(&'a CudaSlice<u32>),
+}
+
+impl Asks<'_> {
+    /// Enqueue the malloc kernel that asks for these sizes, into `ptrs`: from `heap`, or from
+    /// CUDA's device `malloc` when `None`.
+    fn malloc(
+        self,
+        w: &Workloads,
+        stream: &Arc<CudaStream>,
+        heap: Option<&Heap>,
+        ptrs: &mut CudaSlice<u64>,
+    ) -> Result<()> {
+        match self {
+            Asks::Same(size) => w.malloc(stream, heap, ptrs, size),
+            Asks::Each(sizes) => w.malloc_sizes(stream, heap, ptrs, sizes),
+        }
+    }
+
+    /// The one size the bump baseline's kernel asks of every thread.
+    fn bump_size(self) -> u32 {
+        match self {
+            Asks::Same(size) => size,
+            Asks::Each(_) => BUMP_LIST_SIZE,
+        }
+    }
 }
 
 /// Runs "every thread mallocs once, then every thread frees" for each allocator.
@@ -608,13 +668,32 @@ impl MallocBench {
         &mut self.heap
     }
 
-    /// One iteration: set up `state`, time the malloc kernel, time the free kernel.
+    /// One iteration: set up `state`, time the malloc kernel, time the free kernel, every thread
+    /// asking for `size`.
     pub fn run(&mut self, alloc: Allocator, size: u32, state: HeapState) -> Result<Timing> {
+        self.run_asks(alloc, Asks::Same(size), state)
+    }
+
+    /// [`MallocBench::run`] where thread `i` asks for `sizes[i]`: toga (and CUDA's malloc) set up
+    /// `state` as for one size, the warm-up round of [`HeapState::Warm`] asking for the same
+    /// list; the bump baseline asks for [`BUMP_LIST_SIZE`] in every thread.
+    pub fn run_sizes(
+        &mut self,
+        alloc: Allocator,
+        sizes: &CudaSlice<u32>,
+        state: HeapState,
+    ) -> Result<Timing> {
+        self.run_asks(alloc, Asks::Each(sizes), state)
+    }
+
+    /// [`MallocBench::run`] and [`MallocBench::run_sizes`]: set up `state`, then the timed
+    /// kernels of [`MallocBench::steady`].
+    fn run_asks(&mut self, alloc: Allocator, asks: Asks<'_>, state: HeapState) -> Result<Timing> {
         let s = self.stream.clone();
         if alloc == Allocator::Toga && state == HeapState::FirstUse {
             let malloc_ms = time_ms(&s, || {
                 self.heap.reset(&s)?;
-                self.w.malloc(&s, Some(&self.heap), &mut self.ptrs, size)
+                asks.malloc(&self.w, &s, Some(&self.heap), &mut self.ptrs)
             })?;
             let failed = self.failed()?;
             let free_ms = time_ms(&s, || self.w.free(&s, Some(&self.heap), &self.ptrs))?;
@@ -630,10 +709,10 @@ impl MallocBench {
         // The bump allocator has no state: every iteration starts at offset 0.
         if alloc != Allocator::Bump && state == HeapState::Warm {
             let heap = (alloc == Allocator::Toga).then_some(&self.heap);
-            self.w.malloc(&s, heap, &mut self.ptrs, size)?;
+            asks.malloc(&self.w, &s, heap, &mut self.ptrs)?;
             self.w.free(&s, heap, &self.ptrs)?;
         }
-        self.run_steady(alloc, size)
+        self.steady(alloc, asks)
     }
 
     /// One iteration on the heap as the iterations before it left it, with no reset: time the
@@ -642,9 +721,14 @@ impl MallocBench {
     /// of the same allocator and size, this is a launch on a warm heap: one that has served and
     /// freed this size class before.
     pub fn run_steady(&mut self, alloc: Allocator, size: u32) -> Result<Timing> {
+        self.steady(alloc, Asks::Same(size))
+    }
+
+    /// [`MallocBench::run_steady`] for any [`Asks`].
+    fn steady(&mut self, alloc: Allocator, asks: Asks<'_>) -> Result<Timing> {
         let s = self.stream.clone();
         if alloc == Allocator::Bump {
-            let malloc_ms = self.bump(size)?;
+            let malloc_ms = self.bump(asks.bump_size())?;
             return Ok(Timing {
                 malloc_ms,
                 free_ms: 0.0,
@@ -652,7 +736,7 @@ impl MallocBench {
             });
         }
         let heap = (alloc == Allocator::Toga).then_some(&self.heap);
-        let malloc_ms = time_ms(&s, || self.w.malloc(&s, heap, &mut self.ptrs, size))?;
+        let malloc_ms = time_ms(&s, || asks.malloc(&self.w, &s, heap, &mut self.ptrs))?;
         let failed = self.failed()?;
         let free_ms = time_ms(&s, || self.w.free(&s, heap, &self.ptrs))?;
         Ok(Timing {
@@ -675,27 +759,6 @@ impl MallocBench {
                 1 << 40,
                 u64::MAX >> 1,
             )
-        })
-    }
-
-    /// One iteration of "thread `i` mallocs `sizes[i]`" (toga from a fresh heap, or CUDA's
-    /// malloc), then the matching free kernel.
-    pub fn run_sizes(&mut self, alloc: Allocator, sizes: &CudaSlice<u32>) -> Result<Timing> {
-        let s = self.stream.clone();
-        let (m, f) = if alloc == Allocator::Bump {
-            (self.bump(4096)?, 0.0)
-        } else {
-            if alloc == Allocator::Toga {
-                self.heap.reset(&s)?;
-            }
-            let heap = (alloc == Allocator::Toga).then_some(&self.heap);
-            let m = time_ms(&s, || self.w.malloc_sizes(&s, heap, &mut self.ptrs, sizes))?;
-            (m, time_ms(&s, || self.w.free(&s, heap, &self.ptrs))?)
-        };
-        Ok(Timing {
-            malloc_ms: m,
-            free_ms: f,
-            failed: self.failed()?,
         })
     }
 
