@@ -71,7 +71,9 @@ fn describe(scenario: &str) -> Option<&'static str> {
         }
         "c_mixed" => {
             "mixed sizes: every thread `malloc`s a size drawn uniformly from the range (one seeded \
-             list), fresh heap; then the kernel that frees those blocks, timed as its own row."
+             list, the one `host bench`'s mixed row asks for), then the kernel that frees those \
+             blocks, timed as its own row; on a fresh heap and on a warm one (after an untimed \
+             malloc/free round of the same list)."
         }
         "d_scaling" => "thread scaling: one `malloc` per thread, fresh heap.",
         "e_fill" => {
@@ -151,10 +153,11 @@ fn format_ms(ms: f64) -> String {
     }
 }
 
-/// Scenarios whose table has a row per allocator, size and threads and a pair of columns (median
-/// ms, rate) per heap state ([`BY_STATE_COLUMNS`]), so that one allocator's states sit side by
-/// side: the malloc table, where toga runs on a new, a fresh and a warm heap.
-const BY_STATE_SCENARIOS: &[&str] = &["a_malloc_only"];
+/// Scenarios whose table has a row per allocator, size, threads and metric and a pair of columns
+/// (median ms, rate) per heap state ([`BY_STATE_COLUMNS`]), so that one allocator's states sit
+/// side by side: the malloc table, where toga runs on a new, a fresh and a warm heap, and the
+/// mixed-size table, whose `malloc` and `free` kernels run on a fresh and a warm heap.
+const BY_STATE_SCENARIOS: &[&str] = &["a_malloc_only", "c_mixed"];
 
 /// The heap states a by-state table has columns for, in order, each with what its time
 /// includes (the column legend under the table's description). A state no row has gets no
@@ -167,15 +170,19 @@ const BY_STATE_COLUMNS: [(&str, &str); 3] = [
     ),
     (
         "fresh",
-        "the `malloc` kernel alone, on a heap just set up by an untimed `Heap::reset` (the \
-         arenas stocked)",
+        "the kernel alone, on a heap just set up by an untimed `Heap::reset` (the arenas \
+         stocked)",
     ),
     (
         "warm",
-        "the `malloc` kernel on a heap used before: it has served and freed this size, with no \
-         reset since",
+        "the kernel on a heap used before: it has served and freed the same sizes, with no reset \
+         since",
     ),
 ];
+
+/// Said under a by-state table's legend when it has `free` rows: what their kernel frees.
+const BY_STATE_FREE: &str = "A `free` row times the kernel that frees the blocks its state's \
+     `malloc` kernel got.";
 
 /// One scenario's section: heading, description, table of medians.
 fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
@@ -243,21 +250,25 @@ fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
 }
 
 /// A by-state table ([`BY_STATE_SCENARIOS`]): its column legend, then one row per allocator,
-/// size, threads and rounds, with the median ms and rate of each state that some row has, `–`
-/// where this row's allocator has no cell in it; `n` gives the samples per cell (one number when
-/// every cell of the row has as many, else each cell's in column order), `failed` the most
-/// failures of any sample of the row. `false`, and nothing written, when the summary does not
-/// fit that shape (a state other than [`BY_STATE_COLUMNS`]'s, more than one metric): the caller
-/// writes the long table instead.
+/// size, threads, rounds and metric (a `metric` column only where there is more than one), with
+/// the median ms and rate of each state that some row has, `–` where this row has no cell in it;
+/// `n` gives the samples per cell (one number when every cell of the row has as many, else each
+/// cell's in column order), `failed` the most failures of any sample of the row. `false`, and
+/// nothing written, when the summary does not fit that shape (a state other than
+/// [`BY_STATE_COLUMNS`]'s): the caller writes the long table instead.
 fn by_state_table(md: &mut String, summary: &BTreeMap<Key, Cell>, rate: &str) -> bool {
     let column = |state: &str| BY_STATE_COLUMNS.iter().position(|(s, _)| *s == state);
-    let mut metrics = summary.keys().map(|k| &k.5);
-    let one_metric = metrics
-        .next()
-        .is_some_and(|first| metrics.all(|m| m == first));
-    if !one_metric || summary.keys().any(|k| column(&k.4).is_none()) {
+    if summary.is_empty() || summary.keys().any(|k| column(&k.4).is_none()) {
         return false;
     }
+    let mut metrics = summary.keys().map(|k| &k.5);
+    let first_metric = metrics.next().expect("not empty");
+    let with_metric = metrics.any(|m| m != first_metric);
+    let frees = if summary.keys().any(|k| k.5 == "free") {
+        format!(" {BY_STATE_FREE}")
+    } else {
+        String::new()
+    };
     let columns: Vec<usize> = (0..BY_STATE_COLUMNS.len())
         .filter(|&c| summary.keys().any(|k| column(&k.4) == Some(c)))
         .collect();
@@ -277,7 +288,7 @@ fn by_state_table(md: &mut String, summary: &BTreeMap<Key, Cell>, rate: &str) ->
     let _ = writeln!(
         md,
         "Columns by heap state, each a median time and its rate: {}. The baselines have \
-         nothing to set up: they have `fresh` cells only.{absent}\n",
+         nothing to set up: they have `fresh` cells only.{frees}{absent}\n",
         legend.join("; ")
     );
     let with_rounds = summary.keys().any(|k| k.3 != 1);
@@ -285,6 +296,10 @@ fn by_state_table(md: &mut String, summary: &BTreeMap<Key, Cell>, rate: &str) ->
     let mut rule = String::from("| --- | --- | --- |");
     if with_rounds {
         heading.push_str(" rounds |");
+        rule.push_str(" --- |");
+    }
+    if with_metric {
+        heading.push_str(" metric |");
         rule.push_str(" --- |");
     }
     for &c in &columns {
@@ -296,22 +311,33 @@ fn by_state_table(md: &mut String, summary: &BTreeMap<Key, Cell>, rate: &str) ->
     rule.push_str(" --- | --- |");
     let _ = writeln!(md, "{heading}\n{rule}");
 
-    // (size, allocator, threads, rounds) → the row's cell of each state column.
-    type Row<'a> = (&'a str, &'a str, u64, u64);
+    // (size, allocator, threads, rounds, metric) → the row's cell of each state column.
+    type Row<'a> = (&'a str, &'a str, u64, u64, &'a str);
     let mut rows: BTreeMap<Row, Vec<Option<&Cell>>> = BTreeMap::new();
-    for ((alloc, size, threads, rounds, state, _), cell) in summary {
+    for ((alloc, size, threads, rounds, state, metric), cell) in summary {
         let c = column(state).expect("checked above");
-        rows.entry((size, alloc, *threads, *rounds))
+        rows.entry((size, alloc, *threads, *rounds, metric))
             .or_insert_with(|| vec![None; BY_STATE_COLUMNS.len()])[c] = Some(cell);
     }
     let mut rows: Vec<_> = rows.into_iter().collect();
-    rows.sort_by_key(|((size, alloc, threads, rounds), _)| {
-        (size_key(size), *size, *threads, *rounds, *alloc)
+    rows.sort_by_key(|((size, alloc, threads, rounds, metric), _)| {
+        (
+            size_key(size),
+            *size,
+            *threads,
+            *rounds,
+            *alloc,
+            metric_rank(metric),
+            *metric,
+        )
     });
-    for ((size, alloc, threads, rounds), cells) in rows {
+    for ((size, alloc, threads, rounds, metric), cells) in rows {
         let mut line = format!("| {alloc} | {size} | {threads} |");
         if with_rounds {
             let _ = write!(line, " {rounds} |");
+        }
+        if with_metric {
+            let _ = write!(line, " {metric} |");
         }
         let mut counts = Vec::new();
         for &c in &columns {
@@ -427,13 +453,59 @@ mod tests {
     fn a_malloc_table_of_other_shapes_stays_long() {
         let md = malloc_table(&[
             sample("toga", "16", "fresh", "malloc", 1.0),
-            sample("toga", "16", "fresh", "free", 0.5),
+            sample("toga", "16", "8MiB", "malloc", 0.5),
         ]);
         assert!(
             md.contains("| allocator | size (B) | threads | heap | metric |"),
             "{md}"
         );
         assert!(!md.contains("Columns by heap state"), "{md}");
+    }
+
+    #[test]
+    fn the_mixed_table_keeps_free_rows_beside_malloc_with_fresh_and_warm() {
+        let mut md = String::new();
+        let samples = [
+            sample("toga", "16-4096", "fresh", "malloc", 1.0),
+            sample("toga", "16-4096", "warm", "malloc", 0.8),
+            sample("toga", "16-4096", "fresh", "free", 0.1),
+            sample("toga", "16-4096", "warm", "free", 0.2),
+            sample("bump", "16-4096", "fresh", "malloc", 0.05),
+        ];
+        table(&mut md, "c_mixed", &summarize(&samples));
+        assert!(
+            md.contains(
+                "| allocator | size (B) | threads | metric | fresh ms | fresh M ops/s | \
+                 warm ms | warm M ops/s | n | failed |"
+            ),
+            "{md}"
+        );
+        let rows: Vec<&str> = md.lines().filter(|l| l.contains("| 16-4096 |")).collect();
+        assert_eq!(
+            rows,
+            [
+                "| bump | 16-4096 | 1000 | malloc | 0.05000 | 20 | – | – | 1 | 0 |",
+                "| toga | 16-4096 | 1000 | malloc | 1.0000 | 1 | 0.8000 | 1 | 1 | 0 |",
+                "| toga | 16-4096 | 1000 | free | 0.1000 | 10 | 0.2000 | 5 | 1 | 0 |",
+            ],
+            "{md}"
+        );
+        assert!(md.contains(BY_STATE_FREE), "{md}");
+        assert!(
+            md.contains("These results have no `first-use` cells."),
+            "{md}"
+        );
+        assert!(md.contains("on a warm one"), "the description: {md}");
+    }
+
+    #[test]
+    fn a_by_state_table_of_one_metric_has_no_metric_column() {
+        let md = malloc_table(&[
+            sample("toga", "16", "fresh", "malloc", 1.0),
+            sample("toga", "16", "warm", "malloc", 0.5),
+        ]);
+        assert!(!md.contains("| metric |"), "{md}");
+        assert!(!md.contains(BY_STATE_FREE), "{md}");
     }
 
     #[test]
