@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use toga::Gpu;
-use toga_harness::{Allocator, HeapState, MallocBench, Timing};
+use toga_harness::{Allocator, CSV_HEADER, HeapState, MallocBench, Timing};
 
 /// Runs of each cell written to the CSV: its first this many, for every allocator alike
 /// (criterion runs a fast cell many more times than a slow one, and at least a warm-up run and
@@ -85,11 +85,7 @@ impl Csv {
             .open(&path)
             .expect("opening the CSV");
         if new {
-            writeln!(
-                file,
-                "scenario,allocator,size,threads,state,metric,iteration,ms,failed,device,rounds"
-            )
-            .unwrap();
+            writeln!(file, "{CSV_HEADER}").unwrap();
         }
         Self {
             file,
@@ -128,14 +124,6 @@ impl Csv {
             self.device, self.rounds
         )
         .unwrap();
-    }
-}
-
-fn state_name(s: HeapState) -> &'static str {
-    match s {
-        HeapState::FirstUse => "first-use",
-        HeapState::Fresh => "fresh",
-        HeapState::Warm => "warm",
     }
 }
 
@@ -190,7 +178,7 @@ pub fn bench_malloc(
         return;
     }
     g.throughput(Throughput::Elements(threads));
-    let id = format!("{}/{}/{}/{size}", alloc.name(), state_name(state), metric);
+    let id = format!("{}/{}/{}/{size}", alloc.name(), state.name(), metric);
     gpu_timed(g, id, |iteration| {
         let t: Timing = b.run(alloc, size, state).expect("benchmark iteration");
         Cell {
@@ -198,7 +186,7 @@ pub fn bench_malloc(
             alloc,
             label: &size.to_string(),
             threads,
-            state: state_name(state),
+            state: state.name(),
             metric,
         }
         .record(csv, iteration, t)
@@ -221,7 +209,7 @@ pub fn bench_steady(
     if !affordable(alloc, threads, size) {
         return;
     }
-    let state = state_name(HeapState::Warm);
+    let state = HeapState::Warm.name();
     g.throughput(Throughput::Elements(threads));
     let id = format!("{}/{state}/{metric}/{size}", alloc.name());
     gpu_timed(g, id, |iteration| {
@@ -254,9 +242,8 @@ pub fn bench_sizes(
     metric: &'static str,
 ) {
     let threads = b.threads();
-    let state_label = state_name(state);
     g.throughput(Throughput::Elements(threads));
-    let id = format!("{}/{state_label}/{metric}/{label}", alloc.name());
+    let id = format!("{}/{}/{metric}/{label}", alloc.name(), state.name());
     gpu_timed(g, id, |iteration| {
         let t = b
             .run_sizes(alloc, sizes, state)
@@ -266,7 +253,7 @@ pub fn bench_sizes(
             alloc,
             label,
             threads,
-            state: state_label,
+            state: state.name(),
             metric,
         }
         .record(csv, iteration, t)

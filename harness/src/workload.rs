@@ -566,6 +566,23 @@ pub enum HeapState {
     Warm,
 }
 
+impl HeapState {
+    /// The state's name in tables and CSV rows (the `state` column).
+    pub fn name(self) -> &'static str {
+        match self {
+            HeapState::FirstUse => "first-use",
+            HeapState::Fresh => "fresh",
+            HeapState::Warm => "warm",
+        }
+    }
+}
+
+/// The header of the benchmark CSVs that `benches/` and `host bench --csv` write and `report`
+/// reads (`report/src/input.rs`): one row per timed kernel or per cell median, `rounds` being
+/// the operations each thread does in the timed kernel.
+pub const CSV_HEADER: &str =
+    "scenario,allocator,size,threads,state,metric,iteration,ms,failed,device,rounds";
+
 /// GPU times of one benchmark iteration, in milliseconds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Timing {
