@@ -8,7 +8,7 @@ use std::ffi::OsString;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, error::ErrorKind};
 
-use crate::{exit, workloads};
+use crate::{bench, exit, workloads};
 
 /// The most seconds `--timeout` takes: a day.
 pub const MAX_TIMEOUT_S: u64 = 24 * 60 * 60;
@@ -169,6 +169,15 @@ pub struct BenchArgs {
     /// Threads per kernel, one malloc each; the heaps are sized for them.
     #[arg(long, default_value_t = DEFAULT_THREADS, value_parser = threads())]
     pub threads: u64,
+    /// Append the main table's cell medians to FILE, one CSV row each, as `report` reads them
+    /// (scenario v_variance); the header goes first when FILE is new or empty. FILE is opened
+    /// when the command line is read: one that cannot be opened is a usage error.
+    #[arg(long, value_name = "FILE", value_parser = bench::CsvFile::open)]
+    pub csv: Option<bench::CsvFile>,
+    /// The --csv rows' iteration column: this process's index among those appending to FILE
+    /// (scripts/gpu-variance.sh runs 0, 1, 2, ...).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "csv")]
+    pub run_index: u64,
 }
 
 /// `host info`.

@@ -8,8 +8,8 @@
 //! - `stress` (the default: `host` alone runs it, with its flags at the top level, e.g.
 //!   `host --threads 4096 --heap-size 64MiB --host-growth`): the verified workloads, one row
 //!   each; `--heap-size`, `--threads`, `--seed`, `--json`, `--host-growth`, `--workload`.
-//! - `bench`: a quick throughput table of toga, CUDA's device malloc and a bump allocator;
-//!   `--threads`.
+//! - `bench`: a quick throughput table of toga, CUDA's device malloc and a bump allocator,
+//!   at each size and at mixed sizes; `--threads`, `--csv`, `--run-index`.
 //! - `info`: the device, its memory, a heap's geometry and the size classes; `--heap-size`.
 //! - `scan`: one malloc and one free kernel per size and thread count, each with a time limit;
 //!   `--heap-size`, `--threads`, `--sizes`, `--no-exhaust`.
@@ -27,7 +27,7 @@
 //! | 2 | usage error: a bad flag or value, before anything touches the GPU (clap's own code) |
 //! | 3 | no GPU: no CUDA driver, no device, or `--device` names one that does not exist |
 //! | 4 | timeout: a kernel did not finish (the `--timeout` watchdog, or `scan`'s limit per kernel) |
-//! | 5 | any other CUDA or heap error, e.g. a heap larger than the device's free memory |
+//! | 5 | any other CUDA or heap error, e.g. a heap larger than the device's free memory; or `bench --csv` rows that could not be written |
 //!
 //! Codes 1 and 3 to 5 end with one line on stderr that says why, starting `host: ` (a
 //! verification failure also shows in the output: rows marked ✗, or a note of failed
@@ -64,7 +64,8 @@ pub mod exit {
     /// A kernel did not finish: the `--timeout` watchdog, or `scan`'s limit per kernel.
     pub const TIMEOUT: u8 = 4;
     /// Any other CUDA or heap error (a heap larger than the device's free memory, a driver
-    /// error, an unreadable `TOGA_PTX_FILE`, ...).
+    /// error, an unreadable `TOGA_PTX_FILE`, ...), or `bench --csv` rows that could not be
+    /// written.
     pub const CUDA_ERROR: u8 = 5;
 
     /// The table `--help` shows after the flags.
@@ -74,13 +75,48 @@ pub mod exit {
   2  usage error: a bad flag or value (nothing touched the GPU)
   3  no GPU: no CUDA driver, no device, or --device names one that does not exist
   4  timeout: a kernel did not finish (the --timeout watchdog, or scan's limit per kernel)
-  5  any other CUDA or heap error, e.g. a heap larger than the device's free memory";
+  5  any other CUDA or heap error, e.g. a heap larger than the device's free memory, or bench's CSV not written";
 
     /// The exit code for an error of the run.
     pub fn for_error(e: &Error) -> u8 {
         match e {
             Error::NoDriver | Error::NoDevice(_) | Error::DeviceOutOfRange { .. } => NO_GPU,
             _ => CUDA_ERROR,
+        }
+    }
+}
+
+/// Why a run stopped short.
+#[derive(Debug)]
+pub enum Failure {
+    /// toga or CUDA failed.
+    Toga(toga::Error),
+    /// An output file could not be written (`bench --csv`, opened when the command line was
+    /// read); the message names it.
+    Output(String),
+}
+
+impl From<toga::Error> for Failure {
+    fn from(e: toga::Error) -> Self {
+        Failure::Toga(e)
+    }
+}
+
+impl Failure {
+    /// The exit code: [`exit::for_error`]'s, [`exit::CUDA_ERROR`] for an output file.
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Toga(e) => exit::for_error(e),
+            Failure::Output(_) => exit::CUDA_ERROR,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Toga(e) => e.fmt(f),
+            Failure::Output(why) => f.write_str(why),
         }
     }
 }
@@ -103,7 +139,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("host: {e}");
-            exit::for_error(&e)
+            e.exit_code()
         }
     })
 }
@@ -128,38 +164,43 @@ fn heap_size(gpu: &Gpu, asked: Option<u64>) -> toga::Result<u64> {
 }
 
 /// Ok(true) when everything verified.
-fn run(command: Command) -> toga::Result<bool> {
+fn run(command: Command) -> Result<bool, Failure> {
     let device = command.common().device;
     match command {
         Command::Stress(a) => {
             let gpu = toga_harness::open(device)?;
             let bytes = heap_size(&gpu, a.heap.heap_size)?;
-            workloads::stress(&gpu, bytes, &a)
+            Ok(workloads::stress(&gpu, bytes, &a)?)
         }
         // Only the bench needs CUDA's own malloc heap, which must be sized before the module
         // loads.
         Command::Bench(a) => {
             let gpu =
                 toga_harness::open_with_cuda_heap(device, bench::cuda_malloc_heap(a.threads))?;
-            bench::run(&gpu, a.threads)
+            let csv = a.csv.as_ref().map(|file| bench::CsvOut {
+                file,
+                run_index: a.run_index,
+            });
+            bench::run(&gpu, a.threads, csv)
         }
         Command::Info(a) => {
             let gpu = toga_harness::open(device)?;
             let bytes = heap_size(&gpu, a.heap.heap_size)?;
-            info(&gpu, bytes).map(|_| true)
+            info(&gpu, bytes)?;
+            Ok(true)
         }
         Command::Scan(a) => {
             let gpu = toga_harness::open(device)?;
             let bytes = heap_size(&gpu, a.heap.heap_size)?;
-            scan::run(&gpu, bytes, a.threads, &a.sizes, !a.no_exhaust)
+            Ok(scan::run(&gpu, bytes, a.threads, &a.sizes, !a.no_exhaust)?)
         }
         Command::Mix(a) => {
             let gpu = toga_harness::open(device)?;
-            host_alloc::run(&gpu, &a)
+            Ok(host_alloc::run(&gpu, &a)?)
         }
         Command::Grow(a) => {
             let gpu = toga_harness::open(device)?;
-            growable::run(&gpu, &a)
+            Ok(growable::run(&gpu, &a)?)
         }
     }
 }

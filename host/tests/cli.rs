@@ -120,7 +120,7 @@ fn help_lists_the_subcommands_the_stress_flags_and_the_exit_codes() {
 
 #[test]
 fn each_subcommand_help_lists_only_its_own_flags() {
-    const ALL: [&str; 12] = [
+    const ALL: [&str; 14] = [
         "--device",
         "--timeout",
         "--heap-size",
@@ -133,6 +133,8 @@ fn each_subcommand_help_lists_only_its_own_flags() {
         "--no-exhaust",
         "--initial",
         "--max",
+        "--csv",
+        "--run-index",
     ];
     let own: [(&str, &[&str]); 5] = [
         (
@@ -148,7 +150,10 @@ fn each_subcommand_help_lists_only_its_own_flags() {
                 "--workload",
             ],
         ),
-        ("bench", &["--device", "--timeout", "--threads"]),
+        (
+            "bench",
+            &["--device", "--timeout", "--threads", "--csv", "--run-index"],
+        ),
         ("info", &["--device", "--timeout", "--heap-size"]),
         (
             "scan",
@@ -409,4 +414,67 @@ fn heap_above_free_device_memory_is_refused() {
 fn grow_runs_and_verifies() {
     let out = succeeds_on_the_gpu("grow", &["round 3", "trim", "after trim", "growths"]);
     assert!(!out.contains('✗'), "{out}");
+}
+
+/// Two `host bench --csv` processes append to one file: the header once, then one row per cell
+/// median of the main table (4 columns × 6 rows: 5 sizes and the mixed list) each, in the
+/// report's format, their `--run-index` in the iteration column.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test -- --include-ignored"]
+fn bench_csv_appends_the_medians_of_each_process() {
+    let (gpu, device) = gpu();
+    drop(gpu);
+    let file = std::env::temp_dir().join(format!("toga-cli-{}-variance.csv", std::process::id()));
+    let _ = std::fs::remove_file(&file);
+    let path = file.to_string_lossy().into_owned();
+    for index in ["0", "1"] {
+        let o = host(&[
+            "bench",
+            "--device",
+            &device,
+            "--threads",
+            "4096",
+            "--csv",
+            &path,
+            "--run-index",
+            index,
+        ]);
+        assert_eq!(o.status.code(), Some(SUCCESS), "stderr: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains("16-4096"),
+            "no mixed row: {}",
+            stdout(&o)
+        );
+    }
+    let text = std::fs::read_to_string(&file).expect("the CSV");
+    std::fs::remove_file(&file).expect("removing the CSV");
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("scenario,allocator,size,threads,state,metric,iteration,ms,failed,device,rounds")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2 * 24, "{text}");
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row.len(), 11, "{row:?}");
+        assert_eq!(row[0], "v_variance");
+        assert_eq!(row[3], "4096");
+        assert_eq!(row[6], if i < 24 { "0" } else { "1" }, "{row:?}");
+        assert!(row[7].parse::<f64>().is_ok_and(|ms| ms > 0.0), "{row:?}");
+        assert_eq!(row[8], "0", "nulls: {row:?}");
+    }
+    let cells: Vec<String> = rows[..24]
+        .iter()
+        .map(|r| format!("{} {} {} {}", r[1], r[2], r[4], r[5]))
+        .collect();
+    for cell in [
+        "toga 16 fresh malloc",
+        "toga 16 warm malloc",
+        "toga 16 fresh free",
+        "bump 16 fresh malloc",
+        "toga 16-4096 warm malloc",
+        "bump 4096 fresh malloc",
+    ] {
+        assert!(cells.iter().any(|c| c == cell), "no {cell}: {cells:?}");
+    }
 }

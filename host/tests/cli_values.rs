@@ -116,3 +116,29 @@ fn help_subcommand_takes_help_flags() {
     }
     refused(&["help", "nosuch"], "nosuch", "unrecognized subcommand");
 }
+
+#[test]
+fn bench_csv_that_cannot_be_opened_is_refused() {
+    let missing_dir = std::env::temp_dir()
+        .join(format!("toga-cli-values-{}", std::process::id()))
+        .join("v_variance.csv");
+    let missing = missing_dir.to_string_lossy();
+    refused(&["bench", "--csv", &missing], "--csv", "cannot open");
+    // A directory is no file to append to.
+    let dir = std::env::temp_dir();
+    refused(
+        &["bench", "--csv", &dir.to_string_lossy()],
+        "--csv",
+        "cannot open",
+    );
+}
+
+#[test]
+fn bench_run_index_needs_csv() {
+    refused(&["bench", "--run-index", "3"], "--csv", "required");
+    refused(
+        &["bench", "--run-index", "lots"],
+        "--run-index",
+        "invalid value",
+    );
+}
