@@ -1,4 +1,5 @@
-//! `report`: turn the benchmark CSVs (written by `benches/`, kept in `docs/results/`) into the
+//! `report`: turn the benchmark CSVs (written by `benches/`, and `v_variance` by
+//! `scripts/gpu-variance.sh` through `host bench --csv`; kept in `docs/results/`) into the
 //! markdown of `docs/benchmarks.md` and its plots. Needs no GPU.
 //!
 //! Usual run, from the repository root:
@@ -47,6 +48,7 @@ mod markdown;
 mod plot;
 mod summary;
 mod units;
+mod variance;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

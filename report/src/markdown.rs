@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use crate::input::Sample;
 use crate::summary::{Cell, Key, heap_bytes, size_key, summarize};
+use crate::variance;
 
 /// The whole document. `links` are (path, alt text) of the plots, in order.
 pub fn document(
@@ -103,6 +104,14 @@ fn describe(scenario: &str) -> Option<&'static str> {
              one `malloc` launch, then one `free` launch, each a row; `fresh` is the first launch on \
              a just-initialized heap."
         }
+        variance::SCENARIO => {
+            "variance between processes: `host bench` run in ten fresh processes, one after \
+             another (`scripts/gpu-variance.sh`); each cell of a process is the median of 5 timed \
+             runs after one warm-up, and `runs` counts the processes. The fastest, median and \
+             slowest columns are of those per-process medians; slowest ÷ fastest is what the \
+             variance target is judged on (the slowest malloc median within 1.25× of the \
+             fastest, at each size)."
+        }
         "g_warm_launch_1gib" => {
             "warm launch as above, toga alone, on a 1 GiB heap instead of 64 MiB: there each SM \
              refills from its own arena; a 64 MiB heap has fewer chunks than four per SM, so its \
@@ -131,6 +140,25 @@ fn rate_heading(metrics: &[&str]) -> &'static str {
     }
 }
 
+/// The order of a long table's rows: single sizes before ranges (a mixed list after the sizes it
+/// mixes), then by size, heap, threads, rounds and state, then malloc before free
+/// ([`metric_rank`]), then allocator.
+pub fn row_order(key: &Key) -> impl Ord + use<> {
+    let (alloc, size, threads, rounds, state, metric) = key;
+    (
+        size.contains('-'),
+        size_key(size),
+        size.clone(),
+        heap_bytes(state).unwrap_or(0),
+        *threads,
+        *rounds,
+        state.clone(),
+        metric_rank(metric),
+        metric.clone(),
+        alloc.clone(),
+    )
+}
+
 /// Rows of a size and state list malloc first, then free, then the rest by name.
 pub fn metric_rank(metric: &str) -> u8 {
     match metric {
@@ -144,7 +172,7 @@ pub fn metric_rank(metric: &str) -> u8 {
 /// decimals (a small launch takes a few microseconds).
 const SMALL_MS: f64 = 0.1;
 
-fn format_ms(ms: f64) -> String {
+pub fn format_ms(ms: f64) -> String {
     if ms > 0.0 && ms < SMALL_MS {
         let decimals = (3 - ms.log10().floor() as i32).max(4) as usize;
         format!("{ms:.decimals$}")
@@ -197,6 +225,10 @@ fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
     if BY_STATE_SCENARIOS.contains(&scenario) && by_state_table(md, summary, rate) {
         return;
     }
+    if scenario == variance::SCENARIO {
+        variance::table(md, summary);
+        return;
+    }
     // A rounds column only where some kernel does more than one operation per thread.
     let with_rounds = summary.keys().any(|k| k.3 != 1);
     let rounds_heading = if with_rounds { " rounds |" } else { "" };
@@ -210,19 +242,7 @@ fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
         "| --- | --- | --- |{rounds_rule} --- | --- | --- | --- | --- | --- |"
     );
     let mut rows: Vec<_> = summary.iter().collect();
-    rows.sort_by_key(|((a, size, threads, rounds, state, metric), _)| {
-        (
-            size_key(size),
-            size.clone(),
-            heap_bytes(state).unwrap_or(0),
-            *threads,
-            *rounds,
-            state.clone(),
-            metric_rank(metric),
-            metric.clone(),
-            a.clone(),
-        )
-    });
+    rows.sort_by_key(|(key, _)| row_order(key));
     for ((alloc, size, threads, rounds, state, metric), cell) in rows {
         let (value, rate) = if metric == "utilization" {
             (format!("{:.1} %", cell.ms * 100.0), String::new())
@@ -506,6 +526,23 @@ mod tests {
         ]);
         assert!(!md.contains("| metric |"), "{md}");
         assert!(!md.contains(BY_STATE_FREE), "{md}");
+    }
+
+    #[test]
+    fn the_variance_scenario_gets_its_own_table_and_description() {
+        let mut md = String::new();
+        let samples = [
+            sample("toga", "16", "fresh", "malloc", 1.0),
+            sample("toga", "16", "fresh", "malloc", 1.5),
+        ];
+        table(&mut md, variance::SCENARIO, &summarize(&samples));
+        assert!(
+            md.starts_with("## v_variance\n\nvariance between processes"),
+            "{md}"
+        );
+        assert!(md.contains("| slowest ÷ fastest |"), "{md}");
+        assert!(md.contains("| 1.50 |"), "{md}");
+        assert!(!md.contains("M allocs/s"), "{md}");
     }
 
     #[test]

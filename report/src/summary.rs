@@ -7,10 +7,15 @@ use crate::input::Sample;
 /// allocator, size, threads, rounds, state, metric
 pub type Key = (String, String, u64, u64, String, String);
 
-/// A cell's median time (ms), its sample count and the most failures of any sample.
+/// A cell's median time (ms), its fastest and slowest sample, its sample count and the most
+/// failures of any sample.
 #[derive(Clone, Copy, Debug)]
 pub struct Cell {
     pub ms: f64,
+    /// The smallest sample (ms).
+    pub fastest: f64,
+    /// The largest sample (ms).
+    pub slowest: f64,
     pub n: usize,
     pub failed: u64,
 }
@@ -51,7 +56,8 @@ pub fn heap_bytes(label: &str) -> Option<u64> {
     number.trim().parse::<u64>().ok().map(|n| n << shift)
 }
 
-/// Medians per (allocator, size, threads, rounds, state, metric), with sample counts and failures.
+/// Medians per (allocator, size, threads, rounds, state, metric), with the fastest and slowest
+/// samples, sample counts and failures.
 pub fn summarize(samples: &[Sample]) -> BTreeMap<Key, Cell> {
     let mut groups: BTreeMap<Key, Vec<&Sample>> = BTreeMap::new();
     for s in samples {
@@ -70,8 +76,11 @@ pub fn summarize(samples: &[Sample]) -> BTreeMap<Key, Cell> {
     groups
         .into_iter()
         .map(|(k, v)| {
+            let ms = || v.iter().map(|s| s.ms);
             let cell = Cell {
-                ms: median(v.iter().map(|s| s.ms).collect()),
+                ms: median(ms().collect()),
+                fastest: ms().fold(f64::INFINITY, f64::min),
+                slowest: ms().fold(f64::NEG_INFINITY, f64::max),
                 n: v.len(),
                 failed: v.iter().map(|s| s.failed).max().unwrap_or(0),
             };
@@ -111,6 +120,7 @@ mod tests {
         assert_eq!(cells.len(), 1);
         let cell = cells.values().next().unwrap();
         assert_eq!((cell.ms, cell.n, cell.failed), (2.0, 3, 2));
+        assert_eq!((cell.fastest, cell.slowest), (1.0, 3.0));
         assert_eq!(cell.per_second(1000, 1), 500_000.0);
     }
 }
