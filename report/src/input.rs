@@ -40,6 +40,31 @@ pub struct Sample {
     pub failed: u64,
 }
 
+#[cfg(test)]
+impl Sample {
+    /// A sample of 1000 threads, one round each and no failures, for the tables' tests.
+    pub fn of(
+        scenario: &str,
+        allocator: &str,
+        size: &str,
+        state: &str,
+        metric: &str,
+        ms: f64,
+    ) -> Self {
+        Self {
+            scenario: scenario.into(),
+            allocator: allocator.into(),
+            size: size.into(),
+            threads: 1000,
+            rounds: 1,
+            state: state.into(),
+            metric: metric.into(),
+            ms,
+            failed: 0,
+        }
+    }
+}
+
 /// A row left out of the report, and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rejection {

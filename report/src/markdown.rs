@@ -212,6 +212,13 @@ const BY_STATE_COLUMNS: [(&str, &str); 3] = [
 const BY_STATE_FREE: &str = "A `free` row times the kernel that frees the blocks its state's \
      `malloc` kernel got.";
 
+/// A table's heading row, of `columns`, and the rule under it.
+pub fn heading(md: &mut String, columns: &[impl AsRef<str>]) {
+    let names: Vec<&str> = columns.iter().map(AsRef::as_ref).collect();
+    let _ = writeln!(md, "| {} |", names.join(" | "));
+    let _ = writeln!(md, "|{}", " --- |".repeat(names.len()));
+}
+
 /// One scenario's section: heading, description, table of medians.
 fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
     let _ = writeln!(md, "## {scenario}\n");
@@ -231,16 +238,12 @@ fn table(md: &mut String, scenario: &str, summary: &BTreeMap<Key, Cell>) {
     }
     // A rounds column only where some kernel does more than one operation per thread.
     let with_rounds = summary.keys().any(|k| k.3 != 1);
-    let rounds_heading = if with_rounds { " rounds |" } else { "" };
-    let rounds_rule = if with_rounds { " --- |" } else { "" };
-    let _ = writeln!(
-        md,
-        "| allocator | size (B) | threads |{rounds_heading} heap | metric | median ms | n | {rate} | failed |"
-    );
-    let _ = writeln!(
-        md,
-        "| --- | --- | --- |{rounds_rule} --- | --- | --- | --- | --- | --- |"
-    );
+    let mut columns = vec!["allocator", "size (B)", "threads"];
+    if with_rounds {
+        columns.push("rounds");
+    }
+    columns.extend(["heap", "metric", "median ms", "n", rate, "failed"]);
+    heading(md, &columns);
     let mut rows: Vec<_> = summary.iter().collect();
     rows.sort_by_key(|(key, _)| row_order(key));
     for ((alloc, size, threads, rounds, state, metric), cell) in rows {
@@ -312,24 +315,21 @@ fn by_state_table(md: &mut String, summary: &BTreeMap<Key, Cell>, rate: &str) ->
         legend.join("; ")
     );
     let with_rounds = summary.keys().any(|k| k.3 != 1);
-    let mut heading = String::from("| allocator | size (B) | threads |");
-    let mut rule = String::from("| --- | --- | --- |");
+    let mut names: Vec<String> = ["allocator", "size (B)", "threads"]
+        .map(String::from)
+        .into();
     if with_rounds {
-        heading.push_str(" rounds |");
-        rule.push_str(" --- |");
+        names.push("rounds".into());
     }
     if with_metric {
-        heading.push_str(" metric |");
-        rule.push_str(" --- |");
+        names.push("metric".into());
     }
     for &c in &columns {
         let state = BY_STATE_COLUMNS[c].0;
-        let _ = write!(heading, " {state} ms | {state} {rate} |");
-        rule.push_str(" --- | --- |");
+        names.extend([format!("{state} ms"), format!("{state} {rate}")]);
     }
-    heading.push_str(" n | failed |");
-    rule.push_str(" --- | --- |");
-    let _ = writeln!(md, "{heading}\n{rule}");
+    names.extend(["n", "failed"].map(String::from));
+    heading(md, &names);
 
     // (size, allocator, threads, rounds, metric) → the row's cell of each state column.
     type Row<'a> = (&'a str, &'a str, u64, u64, &'a str);
@@ -403,23 +403,18 @@ mod tests {
     }
 
     fn sample(allocator: &str, size: &str, state: &str, metric: &str, ms: f64) -> Sample {
-        Sample {
-            scenario: "a_malloc_only".into(),
-            allocator: allocator.into(),
-            size: size.into(),
-            threads: 1000,
-            rounds: 1,
-            state: state.into(),
-            metric: metric.into(),
-            ms,
-            failed: 0,
-        }
+        Sample::of("a_malloc_only", allocator, size, state, metric, ms)
+    }
+
+    /// `scenario`'s section of the report, of `samples`.
+    fn section(scenario: &str, samples: &[Sample]) -> String {
+        let mut md = String::new();
+        table(&mut md, scenario, &summarize(samples));
+        md
     }
 
     fn malloc_table(samples: &[Sample]) -> String {
-        let mut md = String::new();
-        table(&mut md, "a_malloc_only", &summarize(samples));
-        md
+        section("a_malloc_only", samples)
     }
 
     #[test]
@@ -484,15 +479,16 @@ mod tests {
 
     #[test]
     fn the_mixed_table_keeps_free_rows_beside_malloc_with_fresh_and_warm() {
-        let mut md = String::new();
-        let samples = [
-            sample("toga", "16-4096", "fresh", "malloc", 1.0),
-            sample("toga", "16-4096", "warm", "malloc", 0.8),
-            sample("toga", "16-4096", "fresh", "free", 0.1),
-            sample("toga", "16-4096", "warm", "free", 0.2),
-            sample("bump", "16-4096", "fresh", "malloc", 0.05),
-        ];
-        table(&mut md, "c_mixed", &summarize(&samples));
+        let md = section(
+            "c_mixed",
+            &[
+                sample("toga", "16-4096", "fresh", "malloc", 1.0),
+                sample("toga", "16-4096", "warm", "malloc", 0.8),
+                sample("toga", "16-4096", "fresh", "free", 0.1),
+                sample("toga", "16-4096", "warm", "free", 0.2),
+                sample("bump", "16-4096", "fresh", "malloc", 0.05),
+            ],
+        );
         assert!(
             md.contains(
                 "| allocator | size (B) | threads | metric | fresh ms | fresh M ops/s | \
@@ -530,12 +526,13 @@ mod tests {
 
     #[test]
     fn the_variance_scenario_gets_its_own_table_and_description() {
-        let mut md = String::new();
-        let samples = [
-            sample("toga", "16", "fresh", "malloc", 1.0),
-            sample("toga", "16", "fresh", "malloc", 1.5),
-        ];
-        table(&mut md, variance::SCENARIO, &summarize(&samples));
+        let md = section(
+            variance::SCENARIO,
+            &[
+                sample("toga", "16", "fresh", "malloc", 1.0),
+                sample("toga", "16", "fresh", "malloc", 1.5),
+            ],
+        );
         assert!(
             md.starts_with("## v_variance\n\nvariance between processes"),
             "{md}"

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::markdown::{format_ms, row_order};
+use crate::markdown::{format_ms, heading, row_order};
 use crate::summary::{Cell, Key};
 
 /// The scenario `host bench --csv` writes.
@@ -16,14 +16,21 @@ pub const SCENARIO: &str = "v_variance";
 /// The table of `summary` (one [`Cell`] per cell of `host bench`, its samples the processes'
 /// medians).
 pub fn table(md: &mut String, summary: &BTreeMap<Key, Cell>) {
-    let _ = writeln!(
+    heading(
         md,
-        "| allocator | size (B) | threads | heap | metric | runs | fastest ms | median ms | \
-         slowest ms | slowest ÷ fastest | failed |"
-    );
-    let _ = writeln!(
-        md,
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        &[
+            "allocator",
+            "size (B)",
+            "threads",
+            "heap",
+            "metric",
+            "runs",
+            "fastest ms",
+            "median ms",
+            "slowest ms",
+            "slowest ÷ fastest",
+            "failed",
+        ],
     );
     let mut rows: Vec<_> = summary.iter().collect();
     rows.sort_by_key(|(key, _)| row_order(key));
@@ -57,20 +64,10 @@ mod tests {
     use crate::input::Sample;
     use crate::summary::summarize;
 
-    /// Process `iteration`'s median of one cell (made-up numbers: these tests check the table's
+    /// One process's median of one cell (made-up numbers: these tests check the table's
     /// arithmetic and layout, not any GPU).
     fn median_of_process(alloc: &str, size: &str, state: &str, metric: &str, ms: f64) -> Sample {
-        Sample {
-            scenario: SCENARIO.into(),
-            allocator: alloc.into(),
-            size: size.into(),
-            threads: 1000,
-            rounds: 1,
-            state: state.into(),
-            metric: metric.into(),
-            ms,
-            failed: 0,
-        }
+        Sample::of(SCENARIO, alloc, size, state, metric, ms)
     }
 
     fn rendered(samples: &[Sample]) -> String {
