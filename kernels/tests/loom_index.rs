@@ -80,3 +80,44 @@ fn clear_refill_and_a_second_clear_keep_summaries() {
         assert_eq!(word(66), 0b1, "TB6: the top summary");
     });
 }
+
+/// A search that lands on a stale summary repairs it (`AvailIndex::find`) while a set refills
+/// the word under it: the repair must not take away a summary the set needs (INV(TB6)), and
+/// the search still finds a node.
+#[test]
+fn search_repairs_a_stale_summary_racing_a_refill() {
+    loom::model(|| {
+        let words: Arc<Vec<Atomic32>> = Arc::new(
+            (0..layer_words(INDEX_BITS).1)
+                .map(|_| Atomic32::new(0))
+                .collect(),
+        );
+        {
+            // Order 10's nodes are 1024..2048: layer-0 words 32..64, summarized by bits of
+            // layer-1 word 65, which is bit 1 of the top word (66). Node 1064 (word 33) is
+            // Available; word 32 is empty, but its summary (bit 0 of word 65) is set: stale.
+            let index = AvailIndex::new(&words, INDEX_BITS);
+            index.set(1064);
+            words[65].fetch_or_relaxed(1);
+        }
+        let search = {
+            let words = words.clone();
+            // Seed 0 tries bit 0 of word 65 (the stale one) first.
+            thread::spawn(move || AvailIndex::new(&words, INDEX_BITS).find(10, 0))
+        };
+        let refill = {
+            let words = words.clone();
+            thread::spawn(move || AvailIndex::new(&words, INDEX_BITS).set(1029))
+        };
+        let found = search.join().unwrap();
+        refill.join().unwrap();
+        assert!(
+            matches!(found, Some(1029) | Some(1064)),
+            "the search found {found:?}"
+        );
+        let word = |i: usize| words[i].load_relaxed();
+        assert_eq!((word(32), word(33)), (1 << 5, 1 << 8), "layer 0");
+        assert_eq!(word(65), 0b11, "TB6: layer-1 summaries");
+        assert_eq!(word(66), 0b10, "TB6: the top summary");
+    });
+}

@@ -217,8 +217,9 @@ impl<'a> AvailIndex<'a> {
     }
 
     /// Look for a node index with its bit set in the aligned range `[2^a, 2^(a+1))` (the nodes of
-    /// one order), choosing among set bits by `seed`. `None` when the hint says there is none
-    /// (or a stale summary led nowhere: the caller retries).
+    /// one order), choosing among set bits by `seed`. A summary bit over an empty word (stale)
+    /// is repaired and passed over for the word's other bits. `None` when the hint says there
+    /// is none (or every bit of a word was stale: the caller retries).
     pub fn find(&self, a: u32, mut seed: u64) -> Option<u32> {
         let lo = 1u32 << a;
         let hi = (lo << 1) - 1;
@@ -232,10 +233,10 @@ impl<'a> AvailIndex<'a> {
         let (mut w, _) = word_bit(lo >> shift);
         let first = (lo >> shift) & (FANOUT - 1);
         let last = (hi >> shift) & (FANOUT - 1);
-        let mut mask = (u32::MAX >> (FANOUT - 1 - last)) & (u32::MAX << first);
+        let mask = (u32::MAX >> (FANOUT - 1 - last)) & (u32::MAX << first);
+        // Acquire: pairs with the release half of `set_from`'s `fetch_or`.
+        let mut bits = self.word(layer, w).load_acquire() & mask;
         loop {
-            // Acquire: pairs with the release half of `set_from`'s `fetch_or`.
-            let bits = self.word(layer, w).load_acquire() & mask;
             if bits == 0 {
                 return None;
             }
@@ -245,11 +246,39 @@ impl<'a> AvailIndex<'a> {
             if layer == 0 {
                 return Some(pos);
             }
-            // Below the top, words lie wholly inside the range (it is aligned to its size).
+            // Acquire: as above.
+            let below = self.word(layer - 1, pos).load_acquire();
+            if below == 0 {
+                // A stale summary over an empty word: take it away (so that later searches do
+                // not land on it either), and look at this word's other bits.
+                self.repair(layer, pos);
+                bits &= !(1 << b);
+                continue;
+            }
             layer -= 1;
             w = pos;
-            mask = u32::MAX;
+            bits = below;
             seed >>= FANOUT_SHIFT;
+        }
+    }
+
+    /// Clear summary bit `pos` of `layer` (> 0), which a search found set over an empty word,
+    /// the way a clear takes a summary away: an acq_rel `fetch_and`, then a re-check of the
+    /// word below, whose summary goes back (as `set` puts it) if a racing set refilled it
+    /// (module doc). A clear that puts a summary back after another clear emptied the word
+    /// again leaves such a bit behind; nothing else takes it away, and before this repair
+    /// every search that landed on one came back empty: its caller slept and looked again.
+    /// In fresh fills of 2^20 × 1 KiB or 4 KiB, runs with many of them were the slow ones
+    /// (H200, `docs/benchmarks.md`, v_variance). The summary above is left as it is: if this
+    /// emptied its word, a later search repairs that one too.
+    #[cold]
+    fn repair(&self, layer: u32, pos: u32) {
+        let (w, bit) = word_bit(pos);
+        // Acq_rel: as a clear's (module doc).
+        self.word(layer, w).fetch_and_acq_rel(!bit);
+        // Acquire: pairs with the release half of a refilling set's `fetch_or`.
+        if self.word(layer - 1, pos).load_acquire() != 0 {
+            self.set_from(layer, pos);
         }
     }
 
@@ -363,6 +392,25 @@ mod tests {
                 at += sizes[layer as usize];
             }
         }
+    }
+
+    /// A summary bit over an empty word (left by a clear's re-check that came after another
+    /// clear) is passed over and taken away by the first search that lands on it: every seed
+    /// finds the one Available node, and the summaries are exact afterwards.
+    #[test]
+    fn find_repairs_a_stale_summary() {
+        let words = words(10);
+        let index = AvailIndex::new(&words, 10);
+        // Order 9's nodes are 512..1024: layer-0 words 16..32, summarized by bits 16..31 of
+        // the top word. Node 900 (word 28) is Available; word 18 is empty under a set bit.
+        index.set(600);
+        index.set(900);
+        index.clear(600);
+        index.word(1, 0).fetch_or_relaxed(1 << 18);
+        for seed in 0..64 {
+            assert_eq!(index.find(9, seed), Some(900), "seed {seed}");
+        }
+        index.assert_consistent(1 << 10, |n| n == 900);
     }
 
     /// Every order's range, every node: set → found (whatever the seed), clear → gone, and the
