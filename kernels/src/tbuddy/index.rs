@@ -13,6 +13,9 @@
 //! The index is a hint; the node words decide (a claim is a CAS on the node word).
 //! - INV(TB6) (quiescent): layer-0 bit n is set iff node n is Available, and a bit of an upper
 //!   layer is set iff the word below it is non-zero.
+//! - Stale positives (a summary bit over an empty word) can outlive a race of clears and sets
+//!   (see `clear_from`, phase 2); the first [`AvailIndex::find`] that lands on one takes it
+//!   away, as a clear would, and searches the word's other bits.
 //! - At all times the summaries are never stale-negative for long: [`AvailIndex::clear`] clears
 //!   a summary bit only after the word below became empty, then re-reads, bottom-up, every word
 //!   whose summary it cleared and sets the bit again where a concurrent [`AvailIndex::set`]
@@ -203,8 +206,8 @@ impl<'a> AvailIndex<'a> {
         // re-check every layer we emptied, bottom-up, and give each refilled word its summary
         // back the way `set` does: climbing while the words above were empty, since another
         // clear may have emptied those in the meantime. A bit put back over a word that
-        // empties again is a stale positive: harmless, `find` then comes back empty-handed and
-        // the caller looks again.
+        // empties again is a stale positive; the first `find` that lands on it takes it away
+        // (`repair`).
         let mut pos = n;
         for below in 0..layer {
             let w = pos >> FANOUT_SHIFT;
