@@ -17,14 +17,19 @@ use toga_kernels::tbuddy::index::{AvailIndex, layer_words};
 /// 2^11 node indices: layers of 64, 2 and 1 words.
 const INDEX_BITS: u32 = 11;
 
+/// The words of an empty index of [`INDEX_BITS`] bits, to share between the model's threads.
+fn zeroed_index() -> Arc<Vec<Atomic32>> {
+    Arc::new(
+        (0..layer_words(INDEX_BITS).1)
+            .map(|_| Atomic32::new(0))
+            .collect(),
+    )
+}
+
 #[test]
 fn clear_racing_sets_keeps_summaries() {
     loom::model(|| {
-        let words: Arc<Vec<Atomic32>> = Arc::new(
-            (0..layer_words(INDEX_BITS).1)
-                .map(|_| Atomic32::new(0))
-                .collect(),
-        );
+        let words = zeroed_index();
         // Node 1 (layer-0 word 0) is the only one set.
         AvailIndex::new(&words, INDEX_BITS).set(1);
         let spawn = |f: fn(AvailIndex<'_>)| {
@@ -54,11 +59,7 @@ fn clear_racing_sets_keeps_summaries() {
 #[test]
 fn clear_refill_and_a_second_clear_keep_summaries() {
     loom::model(|| {
-        let words: Arc<Vec<Atomic32>> = Arc::new(
-            (0..layer_words(INDEX_BITS).1)
-                .map(|_| Atomic32::new(0))
-                .collect(),
-        );
+        let words = zeroed_index();
         {
             let index = AvailIndex::new(&words, INDEX_BITS);
             index.set(1);
@@ -87,11 +88,7 @@ fn clear_refill_and_a_second_clear_keep_summaries() {
 #[test]
 fn search_repairs_a_stale_summary_racing_a_refill() {
     loom::model(|| {
-        let words: Arc<Vec<Atomic32>> = Arc::new(
-            (0..layer_words(INDEX_BITS).1)
-                .map(|_| Atomic32::new(0))
-                .collect(),
-        );
+        let words = zeroed_index();
         {
             // Order 10's nodes are 1024..2048: layer-0 words 32..64, summarized by bits of
             // layer-1 word 65, which is bit 1 of the top word (66). Node 1064 (word 33) is
