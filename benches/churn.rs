@@ -1,6 +1,7 @@
 //! Scenario (f): churn of malloc/free pairs on a warm heap. 2^18 threads, each doing 64 rounds of
 //! (`malloc` a size uniform over 16 – 256 B and write its first and last words; check and `free`
-//! the block of the round before, so each block stays live for one round) in one kernel; before the timed kernel the heap has served and freed one such round. The rows
+//! the block of the round before, so each block stays live for one round) in one kernel; before
+//! the timed kernel the heap has served and freed one such round. The rows
 //! give the kernel time; the report divides `threads × rounds` by it for pairs per second. toga
 //! against the bump ceiling (one `atom.add` per `malloc`, no `free`, the same writes).
 //!

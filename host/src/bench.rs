@@ -273,10 +273,8 @@ pub fn run(gpu: &Gpu, threads: u64, csv: Option<CsvOut>) -> Result<bool, Failure
     let mut ok = true;
     let mut fresh_cells = Vec::new();
     for size in SIZES {
-        let (row, label) = (
-            Row::measure(|alloc, state| b.run(alloc, size, state))?,
-            size.to_string(),
-        );
+        let row = Row::measure(|alloc, state| b.run(alloc, size, state))?;
+        let label = size.to_string();
         ok &= row.print(&label);
         medians.extend(row.medians(&label));
         fresh_cells.push(row.fresh);
@@ -285,10 +283,8 @@ pub fn run(gpu: &Gpu, threads: u64, csv: Option<CsvOut>) -> Result<bool, Failure
         .stream()
         .clone_htod(&mixed_sizes(threads))
         .map_err(toga::Error::from)?;
-    let (mixed, label) = (
-        Row::measure(|alloc, state| b.run_sizes(alloc, &sizes, state))?,
-        mixed_label(),
-    );
+    let mixed = Row::measure(|alloc, state| b.run_sizes(alloc, &sizes, state))?;
+    let label = mixed_label();
     ok &= mixed.print(&label);
     medians.extend(mixed.medians(&label));
 
